@@ -1,0 +1,1 @@
+"""PyTorch bridge (installed as ``peat_jax.bridges``); imports torch lazily."""

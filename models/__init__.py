@@ -1,0 +1,1 @@
+"""peat_jax.models."""

@@ -1,0 +1,17 @@
+"""peat_jax: validate new DNN kernel implementations inside real JAX training.
+
+The public API is re-exported here; implementations live in the private
+modules named next to each import.
+"""
+
+from peat_jax._errors import PeatError as PeatError
+from peat_jax._errors import CheckpointError as CheckpointError
+from peat_jax._train_state import TrainState as TrainState
+from peat_jax._train_state import TrainTask as TrainTask
+from peat_jax._golden import GoldenResult as GoldenResult
+from peat_jax._golden import golden_train as golden_train
+from peat_jax._golden import restore_state as restore_state
+from peat_jax._golden import read_log as read_log
+from peat_jax._checkpoint import saved_steps as saved_steps
+
+__version__ = "0.1.0"

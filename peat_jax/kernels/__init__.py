@@ -1,0 +1,1 @@
+"""Kernel registry: golden kernels and kernels under test (KUTs)."""

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Creates ./.venv when it is missing (or when pyproject.toml / setup.py / the
+# native sources changed since the last install) and installs peat_jax into it
+# in editable mode with its test and torch extras. Idempotent and quiet when
+# nothing changed. Usage: source scripts/ensure_env.sh  (sets $PY)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PEAT_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+STAMP="$VENV/.peat_install_stamp"
+
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" \
+        $(ls "$ROOT"/peat_jax/kernels/csrc/* 2>/dev/null | sort) 2>/dev/null \
+        | sha256sum | cut -d' ' -f1)"
+have="$(cat "$STAMP" 2>/dev/null || true)"
+
+if [[ ! -x "$PY" ]]; then
+  echo "[peat] creating virtual environment at $VENV" >&2
+  python3 -m venv "$VENV"
+  have=""
+fi
+if [[ "$want" != "$have" ]]; then
+  echo "[peat] installing peat_jax and its dependencies into $VENV" >&2
+  start=$(date +%s)
+  # Build tools and the pinned jaxlib first, then build without isolation so
+  # the FFI headers come from the very jaxlib that runs the kernels.
+  "$VENV/bin/pip" install -q --disable-pip-version-check \
+      "setuptools>=69" wheel "jaxlib==0.10.2" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
+      -e "$ROOT[test,torch]" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+  "$PY" -c "import peat_jax" || { echo "[peat] install failed: see pip output above" >&2; exit 1; }
+  echo "$want" > "$STAMP"
+  echo "[peat] environment ready in $(( $(date +%s) - start )) s" >&2
+fi
+export PY
