@@ -4,14 +4,16 @@ The public API is re-exported here; implementations live in the private
 modules named next to each import.
 """
 
-from peat_jax._errors import PeatError as PeatError
+from peat_jax._checkpoint import saved_steps as saved_steps
+from peat_jax._composite import composite as composite
 from peat_jax._errors import CheckpointError as CheckpointError
+from peat_jax._errors import PeatError as PeatError
+from peat_jax._golden import GoldenResult as GoldenResult
+from peat_jax._golden import abstract_state as abstract_state
+from peat_jax._golden import golden_train as golden_train
+from peat_jax._golden import read_log as read_log
+from peat_jax._golden import restore_state as restore_state
 from peat_jax._train_state import TrainState as TrainState
 from peat_jax._train_state import TrainTask as TrainTask
-from peat_jax._golden import GoldenResult as GoldenResult
-from peat_jax._golden import golden_train as golden_train
-from peat_jax._golden import restore_state as restore_state
-from peat_jax._golden import read_log as read_log
-from peat_jax._checkpoint import saved_steps as saved_steps
 
 __version__ = "0.1.0"

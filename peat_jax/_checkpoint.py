@@ -1,0 +1,183 @@
+"""Orbax checkpoints of a :class:`TrainState`, with errors that name the path.
+
+Layout of a checkpoint directory (one Orbax ``CheckpointManager``)::
+
+  <dir>/<step>/state/...   the TrainState (StandardSave)
+  <dir>/<step>/meta/...    JSON: task name, config, seed, data position
+
+Steps are saved asynchronously; :func:`close` waits for pending saves. A step
+whose save was interrupted stays a ``*.orbax-checkpoint-tmp*`` directory and is
+never listed, so a run killed during a save leaves the earlier steps
+restorable.
+"""
+
+import hashlib
+import os
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from peat_jax._errors import CheckpointError
+from peat_jax._train_state import TrainState
+
+FORMAT_VERSION = 1
+
+
+def _abs(directory: str | os.PathLike) -> str:
+  return os.path.abspath(os.fspath(directory))
+
+
+def open_manager(directory: str | os.PathLike, *,
+                 create: bool) -> ocp.CheckpointManager:
+  """Opens (and with ``create``, makes) an Orbax checkpoint manager.
+
+  Args:
+    directory: checkpoint directory; made absolute (Orbax needs it).
+    create: make the directory when missing; when False a missing directory
+      is an error.
+
+  Returns:
+    The manager; close it with :func:`close`.
+
+  Raises:
+    CheckpointError: the directory is missing (``create=False``) or is a file.
+  """
+  path = _abs(directory)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(
+        f"checkpoint path {path} is a file, not a directory; pass the "
+        "directory that holds the numbered step folders")
+  if not create and not os.path.isdir(path):
+    raise CheckpointError(
+        f"checkpoint directory {path} does not exist; pass the 'checkpoints' "
+        "folder of a golden run (e.g. <workdir>/checkpoints), or run golden "
+        "training first")
+  options = ocp.CheckpointManagerOptions(
+      save_interval_steps=1, max_to_keep=None, create=create,
+      cleanup_tmp_directories=create, enable_async_checkpointing=True)
+  return ocp.CheckpointManager(path, options=options,
+                               item_names=("state", "meta"))
+
+
+def close(manager: ocp.CheckpointManager) -> None:
+  """Waits for pending asynchronous saves, then closes the manager."""
+  manager.wait_until_finished()
+  manager.close()
+
+
+def save(manager: ocp.CheckpointManager, state: TrainState,
+         meta: Mapping[str, Any]) -> None:
+  """Starts an asynchronous save of ``state`` at ``state.step``."""
+  step = int(state.step)
+  meta = dict(meta, format_version=FORMAT_VERSION,
+              fingerprint=fingerprint(state))
+  saved = manager.save(step, args=ocp.args.Composite(
+      state=ocp.args.StandardSave(state._asdict()),
+      meta=ocp.args.JsonSave(meta)))
+  if not saved:
+    raise CheckpointError(
+        f"Orbax refused to save step {step} in {manager.directory}: that step "
+        "exists already; use a fresh directory or resume from it")
+
+
+def fingerprint(tree: Any) -> str:
+  """SHA-256 of a pytree's structure, dtypes, shapes and bytes.
+
+  Stored with each checkpoint and checked on restore, so a corrupt step that
+  still decodes (a flipped byte in an uncompressed chunk) is caught.
+  """
+  digest = hashlib.sha256()
+  leaves, treedef = jax.tree_util.tree_flatten(jax.device_get(tree))
+  digest.update(str(treedef).encode())
+  for leaf in leaves:
+    leaf = np.ascontiguousarray(leaf)
+    digest.update(f"{leaf.dtype}{leaf.shape}".encode())
+    digest.update(leaf.tobytes())
+  return digest.hexdigest()
+
+
+def saved_steps(directory: str | os.PathLike) -> list[int]:
+  """Lists the complete (finalized) checkpoint steps of a directory.
+
+  Args:
+    directory: a checkpoint directory.
+
+  Returns:
+    The steps in increasing order; never empty.
+
+  Raises:
+    CheckpointError: the directory is missing, or holds no complete step.
+  """
+  path = _abs(directory)
+  manager = open_manager(path, create=False)
+  try:
+    steps = sorted(manager.all_steps())
+  finally:
+    manager.close()
+  if not steps:
+    pending = [n for n in os.listdir(path) if "tmp" in n]
+    extra = (f" (only unfinished saves: {sorted(pending)}, left by a run that "
+             "was killed during its first save)" if pending else "")
+    raise CheckpointError(
+        f"checkpoint directory {path} holds no complete checkpoint step"
+        f"{extra}; expected numbered step folders written by golden training")
+  return steps
+
+
+def restore(directory: str | os.PathLike, abstract_state: TrainState,
+            step: int | None = None) -> tuple[TrainState, dict[str, Any]]:
+  """Restores one step into the structure of ``abstract_state``.
+
+  Args:
+    directory: a checkpoint directory.
+    abstract_state: a TrainState of arrays or ``jax.ShapeDtypeStruct`` giving
+      the structure, shapes and dtypes to restore into.
+    step: the step to restore; the latest complete step when None.
+
+  Returns:
+    ``(state, meta)``.
+
+  Raises:
+    CheckpointError: missing directory, unknown step, or a step that is
+      truncated, corrupt or of another model (the message names the files).
+  """
+  path = _abs(directory)
+  steps = saved_steps(path)
+  if step is None:
+    step = steps[-1]
+  if step not in steps:
+    raise CheckpointError(
+        f"checkpoint directory {path} has no complete step {step}; "
+        f"available steps: {steps}")
+  target = jax.tree.map(ocp.utils.to_shape_dtype_struct,
+                        abstract_state._asdict())
+  manager = open_manager(path, create=False)
+  try:
+    restored = manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+  except Exception as e:  # Orbax/tensorstore raise many types; re-raise one.
+    others = [s for s in steps if s != step]
+    raise CheckpointError(
+        f"checkpoint step {step} in {path} cannot be restored: "
+        f"{type(e).__name__}: {str(e)[:500]}. The step folder "
+        f"{os.path.join(path, str(step))} is truncated or corrupt, or was "
+        f"written by another model/config; restore another step ({others}) "
+        "or delete that folder") from e
+  finally:
+    manager.close()
+  meta = dict(restored["meta"])
+  if meta.get("format_version") != FORMAT_VERSION:
+    raise CheckpointError(
+        f"checkpoint step {step} in {path} has format version "
+        f"{meta.get('format_version')!r}, this peat_jax reads version "
+        f"{FORMAT_VERSION}; re-run golden training with this version")
+  state = TrainState(**restored["state"])
+  if fingerprint(state) != meta.get("fingerprint"):
+    raise CheckpointError(
+        f"checkpoint step {step} in {path} is corrupt: its restored arrays "
+        "do not match the SHA-256 fingerprint recorded when it was saved "
+        f"(folder {os.path.join(path, str(step))}); restore another step "
+        f"({[s for s in steps if s != step]}) or delete that folder")
+  return state, meta

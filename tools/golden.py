@@ -1,0 +1,68 @@
+r"""Golden training of a reference model with Orbax checkpoints.
+
+Usage::
+
+  python -m peat_jax.tools.golden --scenario=cnn --workdir=runs/cnn
+  python -m peat_jax.tools.golden --scenario=gpt_finetune --steps=100
+
+A finetuning scenario without ``--init_from`` first runs (or resumes) its
+pretraining scenario in ``<workdir>/pretrain``.
+"""
+
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+import peat_jax as peat
+from peat_jax import models
+
+_SCENARIO = flags.DEFINE_string(
+    "scenario", models.DEFAULT_SCENARIO,
+    f"Training scenario, one of {models.scenario_names()}.")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory; default runs/<scenario>.")
+_STEPS = flags.DEFINE_integer(
+    "steps", None, "Optimizer steps; default: the scenario's budget.")
+_CHECKPOINT_EVERY = flags.DEFINE_integer(
+    "checkpoint_every", None, "Checkpoint interval in steps.")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of parameters, RNG and data.")
+_RESUME = flags.DEFINE_bool(
+    "resume", True, "Continue from the latest checkpoint in --workdir.")
+_INIT_FROM = flags.DEFINE_string(
+    "init_from", None,
+    "Finetuning scenarios: a golden run of the pretraining scenario.")
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  workdir = os.path.abspath(_WORKDIR.value or
+                            os.path.join("runs", _SCENARIO.value))
+  try:
+    task = models.prepare_task(_SCENARIO.value, workdir, seed=_SEED.value,
+                               init_from=_INIT_FROM.value, progress=print)
+    result = peat.golden_train(
+        task, workdir, steps=_STEPS.value,
+        checkpoint_every=_CHECKPOINT_EVERY.value, seed=_SEED.value,
+        resume=_RESUME.value, progress=print)
+  except peat.PeatError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  metrics = "  ".join(f"{k} {v:.4g}" for k, v in result.evaluation.items())
+  print(f"{task.name}: {metrics}  ({result.seconds_per_step * 1e3:.1f} "
+        "ms/step)")
+  print(f"checkpoints (steps {result.steps}): {result.checkpoint_dir}")
+  print(f"per-step log: {result.log_path}")
+  print(f"output: {result.workdir}")
+  return 0
+
+
+def run() -> None:
+  """Console-script entry point (``peat-golden``)."""
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()
