@@ -22,7 +22,7 @@ import orbax.checkpoint as ocp
 from peat_jax._errors import CheckpointError
 from peat_jax._train_state import TrainState
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: SHA-256 fingerprint of the state in meta
 
 
 def _abs(directory: str | os.PathLike) -> str:

@@ -14,6 +14,7 @@ import sys
 
 from absl import app
 from absl import flags
+from absl import logging
 
 import peat_jax as peat
 from peat_jax import models
@@ -38,6 +39,7 @@ _INIT_FROM = flags.DEFINE_string(
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
   workdir = os.path.abspath(_WORKDIR.value or
                             os.path.join("runs", _SCENARIO.value))
   try:
