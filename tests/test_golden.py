@@ -1,5 +1,6 @@
 """Tests of golden training: determinism, resume, checkpoints, bad input."""
 
+import functools
 import json
 import os
 import signal
@@ -18,8 +19,9 @@ from peat_jax import models
 STEPS, EVERY = 12, 4
 
 
+@functools.cache
 def _task():
-  return models.get_task("cnn", batch_size=32)
+  return models.get_task("cnn", batch_size=32)  # one compile for the module
 
 
 def _assert_trees_equal(a, b):
