@@ -1,0 +1,195 @@
+"""Every XLA FFI call of peat_jax's native kernels, and their registration.
+
+This is the one module that touches ``jax.ffi``: loading the shared
+libraries, registering the handler symbols as FFI targets, and the
+``ffi_call`` of each forward and backward target. Callers (``native.py``)
+validate inputs first; functions here assume valid shapes and dtypes.
+
+Target names are the same on every platform (``peat_matmul_fwd``, ...): the
+CPU library registers them for platform ``cpu``, the CUDA library for
+``CUDA``, the ROCm library for ``ROCM``. XLA picks the handler registered for
+the platform the computation is compiled for, so the Python side selects the
+backend by loading the library that matches ``jax``'s default backend.
+
+vmap: every call uses ``vmap_method="broadcast_all"``: operands get the
+vmapped dims as equal leading dims, which the handlers treat as batch dims
+(matmul and conv2d require equal leading dims on all operands; layer norm
+maps a scale row to each group of rows of x).
+"""
+
+import ctypes
+import importlib.resources
+import os
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from peat_jax._errors import PeatError
+
+# Handler symbol in the library -> FFI target name.
+_TARGETS = {
+    "PeatMatmulFwd": "peat_matmul_fwd",
+    "PeatMatmulBwd": "peat_matmul_bwd",
+    "PeatSoftmaxFwd": "peat_softmax_fwd",
+    "PeatSoftmaxBwd": "peat_softmax_bwd",
+    "PeatLayerNormFwd": "peat_layer_norm_fwd",
+    "PeatLayerNormBwd": "peat_layer_norm_bwd",
+    "PeatConv2dFwd": "peat_conv2d_fwd",
+    "PeatConv2dBwd": "peat_conv2d_bwd",
+}
+
+# FFI platform name -> shared library file in peat_jax/kernels/.
+_LIBRARIES = {
+    "cpu": "_peat_kernels_cpu.so",
+    "CUDA": "_peat_kernels_cuda.so",
+    "ROCM": "_peat_kernels_rocm.so",
+}
+
+_lock = threading.Lock()
+_registered: dict[str, ctypes.CDLL] = {}
+
+_VMAP = "broadcast_all"
+
+
+def library_path(platform: str) -> str:
+  """Returns the path of the native library for an FFI platform.
+
+  Found through ``importlib.resources``, so editable and wheel installs both
+  work.
+
+  Args:
+    platform: ``"cpu"``, ``"CUDA"`` or ``"ROCM"``.
+
+  Returns:
+    The file path (it may not exist; see ``ensure_registered``).
+  """
+  files = importlib.resources.files("peat_jax.kernels")
+  return str(files / _LIBRARIES[platform])
+
+
+def jax_platform() -> str:
+  """The FFI platform of jax's default backend: cpu, CUDA or ROCM."""
+  backend = jax.default_backend()
+  if backend == "cpu":
+    return "cpu"
+  if backend in ("cuda", "rocm"):
+    return "CUDA" if backend == "cuda" else "ROCM"
+  if backend == "gpu":
+    version = jax.devices()[0].client.platform_version.lower()
+    return "ROCM" if "rocm" in version else "CUDA"
+  raise PeatError(
+      f"peat_jax native kernels: jax backend {backend!r} is not supported; "
+      "expected cpu, cuda or rocm. Run on one of those (e.g. "
+      "JAX_PLATFORMS=cpu).")
+
+
+def ensure_registered(platform: str | None = None) -> str:
+  """Loads the native library for ``platform`` and registers its targets once.
+
+  Args:
+    platform: FFI platform; default: the one jax runs on.
+
+  Returns:
+    The platform registered.
+
+  Raises:
+    PeatError: the library was not built (with the command that builds it).
+  """
+  platform = platform or jax_platform()
+  with _lock:
+    if platform in _registered:
+      return platform
+    path = library_path(platform)
+    if not os.path.exists(path):
+      raise PeatError(
+          f"peat_jax native kernels for platform {platform}: library {path} "
+          "not found. Rebuild with `pip install --no-build-isolation -e .` "
+          "(CUDA: nvcc on PATH or PEAT_BUILD_CUDA=1; ROCm: see BUILD.md).")
+    lib = ctypes.cdll.LoadLibrary(path)
+    for symbol, target in _TARGETS.items():
+      jax.ffi.register_ffi_target(
+          target, jax.ffi.pycapsule(getattr(lib, symbol)), platform=platform)
+    _registered[platform] = lib
+    return platform
+
+
+def _call(target, result_shapes, *args, **attrs):
+  ensure_registered()
+  return jax.ffi.ffi_call(target, result_shapes, vmap_method=_VMAP)(*args,
+                                                                  **attrs)
+
+
+def _sds(shape, dtype) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def matmul_fwd(a: jax.Array, b: jax.Array, variant: int,
+               tile: int) -> jax.Array:
+  """c = a @ b for a (..., M, K), b (..., K, N) with equal leading dims."""
+  shape = a.shape[:-1] + b.shape[-1:]
+  return _call("peat_matmul_fwd", _sds(shape, a.dtype), a, b,
+               variant=np.int32(variant), tile=np.int32(tile))
+
+
+def matmul_bwd(a: jax.Array, b: jax.Array, dc: jax.Array, variant: int,
+               tile: int) -> tuple[jax.Array, jax.Array]:
+  """(da, db) of c = a @ b given the cotangent dc."""
+  return _call("peat_matmul_bwd",
+               (_sds(a.shape, a.dtype), _sds(b.shape, b.dtype)), a, b, dc,
+               variant=np.int32(variant), tile=np.int32(tile))
+
+
+def softmax_fwd(x: jax.Array, variant: int, tile: int) -> jax.Array:
+  """Softmax over the last axis."""
+  return _call("peat_softmax_fwd", _sds(x.shape, x.dtype), x,
+               variant=np.int32(variant), tile=np.int32(tile))
+
+
+def softmax_bwd(y: jax.Array, dy: jax.Array, variant: int,
+                tile: int) -> jax.Array:
+  """dx from the forward output y and the cotangent dy."""
+  return _call("peat_softmax_bwd", _sds(y.shape, y.dtype), y, dy,
+               variant=np.int32(variant), tile=np.int32(tile))
+
+
+def layer_norm_fwd(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                   variant: int,
+                   eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(y, mean, rstd) of layer norm over the last axis; mean, rstd float32."""
+  stats = _sds(x.shape[:-1], jnp.float32)
+  return _call("peat_layer_norm_fwd", (_sds(x.shape, x.dtype), stats, stats),
+               x, scale, bias, variant=np.int32(variant), eps=np.float32(eps))
+
+
+def layer_norm_bwd(x: jax.Array, scale: jax.Array, mean: jax.Array,
+                   rstd: jax.Array, dy: jax.Array,
+                   variant: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(dx, dscale, dbias) of layer norm."""
+  return _call("peat_layer_norm_bwd",
+               (_sds(x.shape, x.dtype), _sds(scale.shape, scale.dtype),
+                _sds(scale.shape, scale.dtype)),
+               x, scale, mean, rstd, dy, variant=np.int32(variant))
+
+
+def conv2d_fwd(x: jax.Array, w: jax.Array, out_hw: tuple[int, int],
+               strides: tuple[int, int], pad_tl: tuple[int, int],
+               variant: int, tile: int) -> jax.Array:
+  """NHWC x HWIO -> NHWC convolution with explicit top/left padding."""
+  shape = x.shape[:-3] + tuple(out_hw) + w.shape[-1:]
+  return _call("peat_conv2d_fwd", _sds(shape, x.dtype), x, w,
+               variant=np.int32(variant), tile=np.int32(tile),
+               stride_h=np.int32(strides[0]), stride_w=np.int32(strides[1]),
+               pad_top=np.int32(pad_tl[0]), pad_left=np.int32(pad_tl[1]))
+
+
+def conv2d_bwd(x: jax.Array, w: jax.Array, dy: jax.Array,
+               strides: tuple[int, int], pad_tl: tuple[int, int],
+               variant: int, tile: int) -> tuple[jax.Array, jax.Array]:
+  """(dx, dw) of the convolution given the cotangent dy."""
+  return _call("peat_conv2d_bwd",
+               (_sds(x.shape, x.dtype), _sds(w.shape, w.dtype)), x, w, dy,
+               variant=np.int32(variant), tile=np.int32(tile),
+               stride_h=np.int32(strides[0]), stride_w=np.int32(strides[1]),
+               pad_top=np.int32(pad_tl[0]), pad_left=np.int32(pad_tl[1]))

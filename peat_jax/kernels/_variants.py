@@ -1,0 +1,81 @@
+"""The native kernels' variants: names, FFI codes, and expected error models.
+
+Each variant is a real implementation of a kernel the way some port does it
+(see BUILD.md for what each looks like in real code), not noise added after
+the fact. The code is the int32 FFI attribute ``variant``; it matches the
+``peat::Variant`` enum in ``csrc/peat_numerics.h`` (a test compares them).
+"""
+
+import types
+
+VARIANT_CODES: types.MappingProxyType = types.MappingProxyType({
+    "default": 0,
+    "tiled": 1,
+    "fma": 2,
+    "acc_fp16": 3,
+    "acc_bf16": 4,
+    "in_tf32": 5,
+    "in_bf16": 6,
+    "in_fp16": 7,
+    "rtz": 8,
+    "ftz": 9,
+    "tile_edge_bug": 10,
+    "threaded_nondet": 11,
+    "fast_exp": 20,
+    "recip": 21,
+    "welford": 22,
+    "naive_var": 23,
+})
+
+_GEMM = {
+    "default": "reordering",
+    "tiled": "reordering",
+    "fma": "reordering",
+    "acc_fp16": "accumulation:fp16",
+    "acc_bf16": "accumulation:bf16",
+    "in_tf32": "precision:tf32",
+    "in_bf16": "precision:bf16",
+    "in_fp16": "precision:fp16",
+    "rtz": "truncation",
+    "ftz": "ftz",
+    "tile_edge_bug": "indexing",
+    "threaded_nondet": "nondeterminism",
+}
+
+# kernel -> variant -> the error model the Detector should name when the
+# variant is compared with the golden kernel. "default" is "reordering": a
+# correct kernel whose summation order differs from XLA's. "ftz" shows only on
+# data with subnormals (elsewhere it equals default). "fast_exp" and
+# "naive_var" have no dedicated model: their error is "unknown" by design
+# (an approximate exp; catastrophic cancellation in E[x^2] - E[x]^2).
+EXPECTED_ERROR_MODEL: types.MappingProxyType = types.MappingProxyType({
+    "matmul": types.MappingProxyType(dict(_GEMM)),
+    "conv2d": types.MappingProxyType(dict(_GEMM)),
+    "softmax": types.MappingProxyType({
+        "default": "reordering",
+        "tiled": "reordering",
+        "recip": "reordering",
+        "fast_exp": "unknown",
+        "acc_bf16": "accumulation:bf16",
+        "in_bf16": "precision:bf16",
+        "rtz": "truncation",
+        "ftz": "ftz",
+    }),
+    "layer_norm": types.MappingProxyType({
+        "default": "reordering",
+        "welford": "reordering",
+        "naive_var": "unknown",
+        "acc_bf16": "accumulation:bf16",
+        "in_bf16": "precision:bf16",
+        "rtz": "truncation",
+        "ftz": "ftz",
+    }),
+})
+
+# Variants whose output is bitwise reproducible for identical inputs.
+NONDETERMINISTIC = frozenset({"threaded_nondet"})
+
+
+def variants(kernel: str) -> tuple[str, ...]:
+  """Returns the variant names of one native kernel, ``default`` first."""
+  return tuple(EXPECTED_ERROR_MODEL[kernel])

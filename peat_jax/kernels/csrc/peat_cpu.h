@@ -1,0 +1,120 @@
+// CPU-side helpers shared by the XLA FFI handlers: dtype mapping, input
+// packing, the GEMM core (defined in gemm_cpu.cc) and IEEE subnormal mode.
+
+#ifndef PEAT_JAX_KERNELS_CSRC_PEAT_CPU_H_
+#define PEAT_JAX_KERNELS_CSRC_PEAT_CPU_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "peat_numerics.h"
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__SSE__) || defined(__x86_64__)
+#include <xmmintrin.h>
+#define PEAT_HAVE_MXCSR 1
+#endif
+
+// Handler symbols are looked up by name from Python (ctypes), so they keep
+// default visibility although the library is built with -fvisibility=hidden.
+#define PEAT_EXPORT_HANDLER(name) \
+  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* name( \
+      XLA_FFI_CallFrame* call_frame)
+
+namespace peat {
+
+namespace ffi = xla::ffi;
+
+// Maps an FFI dtype to the kernels' element type; false if unsupported.
+inline bool ToElem(ffi::DataType t, Elem* out) {
+  switch (t) {
+    case ffi::DataType::F32:
+      *out = Elem::kF32;
+      return true;
+    case ffi::DataType::BF16:
+      *out = Elem::kBf16;
+      return true;
+    case ffi::DataType::F16:
+      *out = Elem::kF16;
+      return true;
+    default:
+      return false;
+  }
+}
+
+inline std::string DimsString(ffi::AnyBuffer::Dimensions d) {
+  std::string s = "(";
+  for (size_t i = 0; i < d.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(d[i]);
+  }
+  return s + ")";
+}
+
+inline int64_t Prod(ffi::AnyBuffer::Dimensions d, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= d[i];
+  return p;
+}
+
+// XLA's CPU runtime runs with denormals flushed (FTZ/DAZ in MXCSR). The
+// kernels under test compute with IEEE subnormals, as a GPU kernel built
+// without -ftz does; only the ftz variant flushes, explicitly. This scope
+// clears FTZ/DAZ for the duration of a handler and restores them after.
+class ScopedIeeeSubnormals {
+ public:
+  ScopedIeeeSubnormals() {
+#ifdef PEAT_HAVE_MXCSR
+    saved_ = _mm_getcsr();
+    _mm_setcsr(saved_ & ~(0x8000u | 0x0040u));  // FTZ bit 15, DAZ bit 6
+#endif
+  }
+  ~ScopedIeeeSubnormals() {
+#ifdef PEAT_HAVE_MXCSR
+    _mm_setcsr(saved_);
+#endif
+  }
+
+ private:
+  unsigned saved_ = 0;
+};
+
+// Reads an (rows x cols) matrix into row-major float, applying the variant's
+// input rounding. Element (r, c) is at base[offset + r * rs + c * cs], so a
+// transposed operand is packed by swapping the strides.
+inline void PackMatrix(const void* base, Elem t, int64_t offset, int64_t rows,
+                       int64_t cols, int64_t rs, int64_t cs, int32_t variant,
+                       float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] =
+          PrepareInput(LoadElem(base, offset + r * rs + c * cs, t), variant);
+    }
+  }
+}
+
+// C (M x N) = A (M x K) * B (K x N), all row-major float, with the variant's
+// accumulation. For kRtz the result goes to c64 (double accumulation), else
+// to c32. `tile` is the tile size of kTiled, kTileEdgeBug and
+// kThreadedNondet.
+void Gemm(int32_t variant, int64_t tile, int64_t m, int64_t n, int64_t k,
+          const float* a, const float* b, float* c32, double* c64);
+
+// Writes M*N accumulated values into an output buffer at `offset` with the
+// variant's output rounding.
+inline void StoreMatrix(int32_t variant, const float* c32, const double* c64,
+                        int64_t count, void* out, Elem t, int64_t offset) {
+  Rounding mode = variant == kRtz ? Rounding::kTowardZero : Rounding::kNearest;
+  bool flush = variant == kFtz;
+  for (int64_t i = 0; i < count; ++i) {
+    double v = variant == kRtz ? c64[i] : static_cast<double>(c32[i]);
+    StoreElem(out, offset + i, t, v, mode, flush);
+  }
+}
+
+inline bool IsGemmVariant(int32_t v) { return v >= kDefault && v <= kThreadedNondet; }
+
+}  // namespace peat
+
+#endif  // PEAT_JAX_KERNELS_CSRC_PEAT_CPU_H_
