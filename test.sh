@@ -5,4 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 source scripts/ensure_env.sh
+bash scripts/ensure_chromium.sh
 exec "$PY" -m pytest -q -p no:cacheprovider "$@"
