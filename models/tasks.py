@@ -214,8 +214,14 @@ def get_task(name: str = DEFAULT_SCENARIO, *, seed: int = 0,
   step_fn = make_step_fn(graphdef, tx, _loss_fn(kind))
   train_data, test_data = _data(config)
 
+  # Initialisation is jitted (one compile per seed) instead of running the
+  # nnx initialisers op by op.
+  init_params = jax.jit(
+      lambda init_seed: nnx.split(_make_model(config, init_seed))[1]
+      .to_pure_dict(), static_argnums=0)
+
   def init_state(init_seed: int) -> peat.TrainState:
-    params = nnx.split(_make_model(config, init_seed))[1].to_pure_dict()
+    params = init_params(init_seed)
     if pretrained is not None:
       params = {k: (v if k == _HEAD else pretrained[k])
                 for k, v in params.items()}

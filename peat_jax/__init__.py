@@ -6,6 +6,7 @@ modules named next to each import.
 
 from peat_jax._checkpoint import saved_steps as saved_steps
 from peat_jax._composite import composite as composite
+from peat_jax._composite import composite_call as composite_call
 from peat_jax._errors import CheckpointError as CheckpointError
 from peat_jax._errors import PeatError as PeatError
 from peat_jax._golden import GoldenResult as GoldenResult
@@ -13,6 +14,18 @@ from peat_jax._golden import abstract_state as abstract_state
 from peat_jax._golden import golden_train as golden_train
 from peat_jax._golden import read_log as read_log
 from peat_jax._golden import restore_state as restore_state
+from peat_jax._sites import Site as Site
+from peat_jax._sites import SiteTable as SiteTable
+from peat_jax._sites import discover_sites as discover_sites
+from peat_jax._sites import select_sites as select_sites
+from peat_jax._sites_subst import GOLDEN as GOLDEN
+from peat_jax._sites_subst import EveryCall as EveryCall
+from peat_jax._sites_subst import EveryNSteps as EveryNSteps
+from peat_jax._sites_subst import Fraction as Fraction
+from peat_jax._sites_subst import Substitution as Substitution
+from peat_jax._sites_subst import Tap as Tap
+from peat_jax._sites_subst import substitute as substitute
+from peat_jax._sites_subst import tap as tap
 from peat_jax._train_state import TrainState as TrainState
 from peat_jax._train_state import TrainTask as TrainTask
 

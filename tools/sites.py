@@ -1,0 +1,98 @@
+r"""Lists the kernel sites of a reference model's train step.
+
+Usage::
+
+  python -m peat_jax.tools.sites --model=gpt
+  python -m peat_jax.tools.sites --model=vit --counts
+  python -m peat_jax.tools.sites --model=cnn --kernel=conv_general_dilated --phase=bwd
+  python -m peat_jax.tools.sites --model=gpt --pattern='fwd/*/attention:*' --names
+
+The step is traced, never run: the state comes from ``jax.eval_shape`` of the
+task's ``init_state``, so even large configs list in about a second.
+"""
+
+import json
+import sys
+
+from absl import app
+from absl import flags
+import jax
+
+import peat_jax as peat
+from peat_jax import _sites
+from peat_jax import models
+
+_MODEL = flags.DEFINE_string(
+    "model", models.DEFAULT_SCENARIO,
+    f"Scenario whose train step is listed, one of {models.scenario_names()}.")
+_OVERRIDES = flags.DEFINE_string(
+    "overrides", "{}",
+    'Config overrides as JSON, e.g. \'{"batch_size": 8, "model_kwargs": {"depth": 1}}\'.')
+_KERNEL = flags.DEFINE_list("kernel", None, "Only these kernels (e.g. dot_general,softmax).")
+_PHASE = flags.DEFINE_list("phase", None, "Only these phases: fwd, bwd, upd.")
+_PATTERN = flags.DEFINE_string("pattern", None, "Only site names matching this fnmatch glob.")
+_COUNTS = flags.DEFINE_bool("counts", False, "Print site counts per kernel and phase only.")
+_NAMES = flags.DEFINE_bool("names", False, "Print site names only, one per line.")
+_STRUCTURAL = flags.DEFINE_bool(
+    "structural", False, "Also list data-movement primitives (reshape, broadcast, ...).")
+
+
+def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=None,
+               pattern=None, include_structural: bool = False) -> _sites.SiteTable:
+  """Discovers (and optionally selects) the sites of a scenario's train step.
+
+  Args:
+    model: scenario name from ``peat_jax.models``.
+    overrides: config overrides for ``models.get_task``.
+    kernel: kernel name(s) to keep.
+    phase: phase(s) to keep.
+    pattern: fnmatch glob over site names to keep.
+    include_structural: also list data-movement primitives.
+
+  Returns:
+    The sites.
+
+  Raises:
+    PeatError: unknown scenario, config key, kernel, phase or an empty
+      pattern match.
+  """
+  task = models.get_task(model, **(overrides or {}))
+  state = jax.eval_shape(lambda: task.init_state(0))
+  sites = _sites.discover_sites(task.step_fn, state, task.batch_at(0),
+                                include_structural=include_structural)
+  if kernel or phase or pattern:
+    sites = _sites.select_sites(sites, kernel=kernel, phase=phase, pattern=pattern)
+  return sites
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    overrides = json.loads(_OVERRIDES.value)
+  except json.JSONDecodeError as e:
+    print(f"error: --overrides must be a JSON object; got {_OVERRIDES.value!r} ({e})",
+          file=sys.stderr)
+    return 2
+  try:
+    sites = list_sites(_MODEL.value, overrides, kernel=_KERNEL.value, phase=_PHASE.value,
+                       pattern=_PATTERN.value, include_structural=_STRUCTURAL.value)
+  except peat.PeatError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if _COUNTS.value:
+    print(sites.counts_table())
+  elif _NAMES.value:
+    print("\n".join(sites.names()))
+  else:
+    print(sites.table())
+  return 0
+
+
+def run() -> None:
+  """Console-script entry point."""
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()
