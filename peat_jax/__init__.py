@@ -4,10 +4,24 @@ The public API is re-exported here; implementations live in the private
 modules named next to each import.
 """
 
+from peat_jax._analyzer import Signature as Signature
+from peat_jax._analyzer import SignatureState as SignatureState
+from peat_jax._analyzer import analyze as analyze
+from peat_jax._analyzer import analyze_batch as analyze_batch
+from peat_jax._analyzer import signature_finalize as signature_finalize
+from peat_jax._analyzer import signature_init as signature_init
+from peat_jax._analyzer import signature_pure as signature_pure
+from peat_jax._analyzer import signature_update as signature_update
 from peat_jax._checkpoint import saved_steps as saved_steps
 from peat_jax._composite import composite as composite
 from peat_jax._composite import composite_call as composite_call
 from peat_jax._errors import CheckpointError as CheckpointError
+from peat_jax._detector import Candidate as Candidate
+from peat_jax._detector import Diagnosis as Diagnosis
+from peat_jax._detector import Verdict as Verdict
+from peat_jax._detector import detect as detect
+from peat_jax._detector import detect_batch as detect_batch
+from peat_jax._detector import verdict as verdict
 from peat_jax._errors import PeatError as PeatError
 from peat_jax._golden import GoldenResult as GoldenResult
 from peat_jax._golden import abstract_state as abstract_state
@@ -29,6 +43,18 @@ from peat_jax._inject import injecting_kernel as injecting_kernel
 from peat_jax._inject import injection_params as injection_params
 from peat_jax._inject import kernel_campaign as kernel_campaign
 from peat_jax._inject import replay as replay
+from peat_jax._reference import REFERENCES as REFERENCES
+from peat_jax._reference import reference as reference
+from peat_jax._reference import reference_attention as reference_attention
+from peat_jax._reference import reference_conv as reference_conv
+from peat_jax._reference import reference_cross_entropy as reference_cross_entropy
+from peat_jax._reference import reference_dot_general as reference_dot_general
+from peat_jax._reference import reference_gelu as reference_gelu
+from peat_jax._reference import reference_layer_norm as reference_layer_norm
+from peat_jax._reference import reference_matmul as reference_matmul
+from peat_jax._reference import reference_softmax as reference_softmax
+from peat_jax._report import ReportPaths as ReportPaths
+from peat_jax._report import write_report as write_report
 from peat_jax._sites import Site as Site
 from peat_jax._sites import SiteTable as SiteTable
 from peat_jax._sites import discover_sites as discover_sites

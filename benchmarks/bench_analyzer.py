@@ -1,0 +1,181 @@
+"""Benchmark of the Analyzer: peat_jax vs NumPy vs the memory-copy ceiling.
+
+All three are measured in the same run, on the same 4096 x 4096 float32
+pair (a KUT with relative noise ~1e-6 against its golden), best of
+`--repeats` timings each:
+
+* ceiling: a large array copy (NumPy `copyto` into a preallocated buffer and
+  a jitted JAX copy; the faster one), counted as bytes read + written;
+* peat_jax: `peat_jax._analyzer.analyze(t, g)` (all fields), counted as the
+  bytes of the two inputs;
+* NumPy: a straightforward vectorized NumPy implementation of the same
+  statistics (`numpy_signature` below), counted the same way;
+
+then the batched form on 1,000 small records (records per second), and the
+same records analyzed one call at a time for comparison.
+
+Run: .venv/bin/python benchmarks/bench_analyzer.py [--n 4096] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from peat_jax import _analyzer as A
+
+
+def _best(fn, repeats: int) -> float:
+  fn()  # warm-up (compilation, page faults)
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return min(times)
+
+
+def numpy_signature(t: np.ndarray, g: np.ndarray) -> dict:
+  """The Signature's statistics, written plainly in vectorized NumPy."""
+  out = {}
+  ut, ug = t.view(np.uint32), g.view(np.uint32)
+  fin = np.isfinite(t) & np.isfinite(g)
+  d = np.where(fin, t - g, 0).astype(np.float32)
+  ad = np.abs(d)
+  ag = np.abs(g)
+  rel = np.where(fin, ad / np.maximum(ag, np.finfo(np.float32).tiny), 0)
+  nfp = max(int(fin.sum()), 1)
+  out["counts"] = [int((ut == ug).sum()), int((t == g).sum()),
+                   int(np.isnan(t).sum()), int(np.isnan(g).sum()),
+                   int(np.isinf(t).sum()), int(np.isinf(g).sum()),
+                   int((np.isfinite(g) & ~np.isfinite(t)).sum()),
+                   int(((t == 0) & (g != 0)).sum()),
+                   int(((d > 0)).sum()), int((d < 0).sum()),
+                   int((np.abs(t) > ag).sum()), int((np.abs(t) < ag).sum()),
+                   int((np.signbit(t) != np.signbit(g)).sum())]
+  out["abs"] = (ad.max(), ad.sum(dtype=np.float64) / nfp,
+                np.sqrt((ad.astype(np.float64)**2).sum() / nfp))
+  out["rel"] = (rel.max(), rel.sum(dtype=np.float64) / nfp,
+                np.sqrt((rel.astype(np.float64)**2).sum() / nfp))
+  out["pct"] = np.percentile(ad, A.PERCENTILES), np.percentile(
+      rel, A.PERCENTILES)
+  out["bias"] = d.sum(dtype=np.float64) / nfp
+  # ULP distance (log2 buckets) and per-bit XOR / up / down counts.
+  def ordered(u):
+    i = u.view(np.int32).astype(np.int64)
+    return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+  ulp = np.where(fin, np.abs(ordered(ut) - ordered(ug)), 0)
+  out["ulp_hist"] = np.bincount(
+      np.where(ulp == 0, 0, np.floor(np.log2(np.maximum(ulp, 1))) + 1)
+      .astype(np.int64).ravel(), minlength=33)
+  def bitcounts(w):
+    b = np.unpackbits(w.reshape(-1, 1).view(np.uint8), axis=1,
+                      bitorder="little")
+    return b.sum(axis=0, dtype=np.int64)
+  out["up"] = bitcounts(ut & ~ug)
+  out["down"] = bitcounts(ug & ~ut)
+  # Representability (bf16 via the low 16 bits, fp16 via a round trip).
+  out["repr"] = [((ut & 0xFFFF) == 0).mean(),
+                 (t.astype(np.float16).astype(np.float32) == t).mean()]
+  # Spatial structure.
+  differ = ut != ug
+  out["rows"] = differ.sum(axis=1), ad.max(axis=1), ad.mean(axis=1)
+  out["cols"] = differ.sum(axis=0), ad.mean(axis=0)
+  r, c = t.shape
+  out["tiles"] = differ[:r // 8 * 8, :c // 8 * 8].reshape(
+      r // 8, 8, c // 8, 8).sum(axis=(1, 3))
+  out["lanes"] = out["cols"][0].reshape(-1, 32).sum(axis=0)
+  # Scale and error vs |g|.
+  ok = fin & (ag > np.finfo(np.float32).tiny) & (t != 0)
+  ratio = t[ok] / g[ok]
+  out["scale"] = ratio.min(), ratio.max(), np.mean(
+      np.log2(np.abs(t[ok])) - np.log2(ag[ok]))
+  lok = fin & (d != 0) & (g != 0)
+  x, y = np.log2(ag[lok]), np.log2(ad[lok])
+  out["slope"] = np.polyfit(x, y, 1)[0] if x.size > 1 else 0.0
+  # Shifts on 64 sampled rows; transpose; permutation (sorted multisets).
+  rows = np.linspace(0, r - 1, min(r, 64)).round().astype(int)
+  out["shift_col"] = [(ut[rows, max(s, 0):c + min(s, 0)] ==
+                       ug[rows, max(-s, 0):c - max(s, 0)]).mean()
+                      for s in range(-8, 9)]
+  out["shift_row"] = [(ut[rows[(rows - s >= 0) & (rows - s < r)]] ==
+                       ug[rows[(rows - s >= 0) & (rows - s < r)] - s]).mean()
+                      for s in range(-8, 9)]
+  out["transpose"] = (ut[rows] == ug[:, rows].T).mean()
+  out["perm"] = np.array_equal(np.sort(ut, axis=None), np.sort(ug, axis=None))
+  return out
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--n", type=int, default=4096)
+  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--sites", type=int, default=1000)
+  p.add_argument("--site_shape", type=str, default="32,64")
+  args = p.parse_args()
+
+  n = args.n
+  rng = np.random.default_rng(0)
+  g = rng.standard_normal((n, n), dtype=np.float32)
+  t = (g * (1 + 1e-6 * rng.standard_normal((n, n), dtype=np.float32))
+       ).astype(np.float32)
+  nbytes = g.nbytes
+  gj, tj = jnp.asarray(g), jnp.asarray(t)
+  jax.block_until_ready((gj, tj))
+
+  dst = np.empty_like(g)
+  t_np_copy = _best(lambda: np.copyto(dst, g), args.repeats)
+  jcopy = jax.jit(lambda x: x + 0.0)
+  t_jax_copy = _best(lambda: jax.block_until_ready(jcopy(gj)), args.repeats)
+  ceiling = 2 * nbytes / min(t_np_copy, t_jax_copy)
+
+  one = jax.jit(lambda a, b: jnp.sum(jnp.abs(a - b)))
+  t_one = _best(lambda: jax.block_until_ready(one(tj, gj)), args.repeats)
+  cnt = jax.jit(lambda a, b: jnp.sum(a == b, dtype=jnp.int32))
+  t_cnt = _best(lambda: jax.block_until_ready(cnt(tj, gj)), args.repeats)
+  t_peat = _best(lambda: jax.block_until_ready(A.analyze(tj, gj)),
+                 args.repeats)
+  t_numpy = _best(lambda: numpy_signature(t, g), max(1, args.repeats - 1))
+  gbs_peat = 2 * nbytes / t_peat
+  gbs_numpy = 2 * nbytes / t_numpy
+
+  print(f"Analyzer benchmark: {n}x{n} float32 pair ({2 * nbytes / 1e6:.0f} "
+        f"MB of input), best of {args.repeats}, {jax.device_count()} "
+        f"{jax.devices()[0].platform} device(s)")
+  print(f"  copy ceiling   : {ceiling / 1e9:7.2f} GB/s  (numpy copyto "
+        f"{2 * nbytes / t_np_copy / 1e9:.2f}, jax copy "
+        f"{2 * nbytes / t_jax_copy / 1e9:.2f}; read + write)")
+  print(f"  peat_jax       : {gbs_peat / 1e9:7.2f} GB/s  ({t_peat * 1e3:8.1f}"
+        " ms)")
+  print(f"  numpy          : {gbs_numpy / 1e9:7.2f} GB/s  ({t_numpy * 1e3:8.1f}"
+        " ms)")
+  print(f"  context: one XLA reduction sum|t-g| "
+        f"{2 * nbytes / t_one / 1e9:.2f} GB/s, count(t==g) "
+        f"{2 * nbytes / t_cnt / 1e9:.2f} GB/s")
+  print(f"  peat_jax / numpy   : {t_numpy / t_peat:6.2f}x   (goal >= 5x)")
+  print(f"  peat_jax / ceiling : {100 * gbs_peat / ceiling:6.1f}%   "
+        "(goal >= 30%)")
+
+  shape = tuple(int(s) for s in args.site_shape.split(","))
+  gs = rng.standard_normal((args.sites,) + shape, dtype=np.float32)
+  ts = (gs * (1 + 1e-6 * rng.standard_normal(gs.shape, dtype=np.float32))
+        ).astype(np.float32)
+  gsj, tsj = jnp.asarray(gs), jnp.asarray(ts)
+  t_batch = _best(lambda: jax.block_until_ready(A.analyze_batch(tsj, gsj)),
+                  args.repeats)
+  few = min(args.sites, 100)
+  t_loop = _best(lambda: [jax.block_until_ready(A.analyze(tsj[i], gsj[i]))
+                          for i in range(few)], 1) * args.sites / few
+  print(f"Batched form: {args.sites} records of {shape} float32")
+  print(f"  analyze_batch  : {args.sites / t_batch:10.0f} records/s "
+        f"({t_batch * 1e3:.1f} ms)")
+  print(f"  analyze, 1 call per record: {args.sites / t_loop:10.0f} "
+        f"records/s (measured on {few})")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,1485 @@
+"""The Analyzer: pseudo-error signatures of a kernel under test vs its golden.
+
+A *signature* is a fixed set of statistics of one pseudo-error (KUT output `t`
+minus golden output `g` at one site and step), optionally against a float64
+*reference* `r`. It is computed in three layers:
+
+1. `_accumulate(t, g, ref)`: one jit-compiled, vectorized pass over the
+   elements that returns a `SignatureState`: mergeable partial statistics
+   (counts, sums, maxima, histograms, per-row/per-column vectors).
+2. `_merge(a, b)`: combines two states (the streaming form's update).
+3. `_finalize(state)`: turns a state into the user-facing `Signature`.
+
+Public entry points:
+
+* `analyze(test, golden, reference=None) -> Signature` for one record;
+* `analyze_batch(tests, goldens, references=None) -> Signature` for many
+  records of the same shape stacked on a leading axis (one call, `vmap`);
+* `signature_init` / `signature_update` / `signature_finalize`: streaming
+  accumulation over steps with pure functions over a NamedTuple state.
+
+Every field is documented in `Signature` and in `docs/signature.md`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from peat_jax._errors import PeatError
+
+Array = jax.Array
+
+# --------------------------------------------------------------------------
+# Constants (public through the docs: they fix the Signature's layout).
+# --------------------------------------------------------------------------
+
+#: Shifts tried by the shift tests: -SHIFT_RANGE .. +SHIFT_RANGE.
+SHIFT_RANGE = 8
+#: At most this many rows (evenly spread) are used by the shift/transpose tests.
+SHIFT_SAMPLE_ROWS = 16
+#: ... and their first SHIFT_WINDOW columns; about SHIFT_WINDOW elements per
+#: shift (more rows when rows are short).
+SHIFT_WINDOW = 512
+#: Percentiles are read from a histogram of at most this many elements.
+PCT_SAMPLE = 1 << 16
+#: Histogram buckets: float32 bit pattern >> 21 (exponent + 2 mantissa bits).
+HIST_BUCKETS = 1024
+#: Percentiles reported by `abs_pct` / `rel_pct` / `ulp_pct`.
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+#: Tile edges for the aligned-block counts.
+TILE_SIZES = (8, 16, 32)
+#: Lanes: column index modulo this.
+LANES = 32
+#: Narrow formats whose representability is counted, in this order.
+NARROW_FORMATS = ("bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2")
+
+# Flag bits counted exactly over all elements (index into `SignatureState.flags`).
+_F_BIT_EQUAL = 0
+_F_VALUE_EQUAL = 1
+_F_NAN_T = 2
+_F_NAN_G = 3
+_F_INF_T = 4
+_F_INF_G = 5
+_F_FINITE_PAIR = 6
+_F_NONFINITE_NEW = 7
+_F_ZEROED = 8
+_F_FLUSHED = 9
+_F_SATURATED = 10
+_F_SAT_FP16 = 11
+_F_SAT_E4M3 = 12
+_F_GOLDEN_SUBNORMAL = 13
+_F_POS_ERR = 14
+_F_NEG_ERR = 15
+_F_MAG_LARGER = 16
+_F_MAG_SMALLER = 17
+_F_SIGN_FLIP = 18
+_F_RATIO_OK = 19
+_F_LOG_OK = 20
+_F_GOLDEN_ZERO = 21
+_F_OVERFLOW = 22
+_N_FLAGS = 23
+
+_DTYPE_CODE = {"float32": 0, "bfloat16": 1, "float16": 2, "float64": 3}
+_SUPPORTED = {
+    np.dtype(np.float32): "float32",
+    np.dtype(jnp.bfloat16): "bfloat16",
+    np.dtype(np.float16): "float16",
+    np.dtype(np.float64): "float64",
+}
+
+
+def _bits_of(dtype) -> int:
+  return np.dtype(dtype).itemsize * 8
+
+
+# --------------------------------------------------------------------------
+# Public pytrees.
+# --------------------------------------------------------------------------
+
+
+class SignatureState(NamedTuple):
+  """Mergeable partial statistics of one or more pseudo-errors (streaming).
+
+  All fields are arrays; the shapes depend only on the record shape and
+  dtype. Counts are int32 (wrap-around sums for the uint32 hashes); float
+  fields are in the compute dtype (float32, or float64 for float64 inputs).
+  Sums of squares are stored *scaled* by the matching maximum (the LAPACK
+  `nrm2` trick) so that they cannot overflow: `x_sqs = sum((x / x_max)**2)`.
+  """
+
+  steps: Array  # int32: records merged into this state
+  dtype_code: Array  # int32: 0 float32, 1 bfloat16, 2 float16, 3 float64
+  n: Array  # int32: elements seen
+  flags: Array  # int32[32]: counts of the _F_* conditions
+  bits_up: Array  # int32[nbits]: bit k is 1 in t and 0 in g
+  bits_down: Array  # int32[nbits]: bit k is 0 in t and 1 in g
+  ulp_cum: Array  # int32[nbits]: finite pairs with ULP distance >= 2**k
+  row_ndiff: Array  # int32[R]
+  row_abs_max: Array  # f[R]
+  row_abs_sum: Array  # f[R]
+  row_abs_sqs: Array  # f[R], scaled by row_abs_max
+  col_ndiff: Array  # int32[C]
+  col_abs_sum: Array  # f[C]
+  tile_ndiff: Array  # int32[R//8, C//8]
+  err_sum: Array  # f: sum of signed t - g
+  mag_err_sum: Array  # f: sum of sign(g) * sign(d) * rel
+  rel_max: Array
+  rel_sum: Array
+  rel_sqs: Array  # scaled by rel_max
+  g_absmax: Array
+  g_sqs: Array  # scaled by g_absmax
+  ratio_min: Array
+  ratio_max: Array
+  logratio_sum: Array
+  slope_sums: Array  # f[5]: sum x, y, xy, xx, yy with x=log2|g|, y=log2|t-g|
+  hash_t: Array  # uint32[2]: order-free multiset hashes of t's bit patterns
+  hash_g: Array  # uint32[2]
+  shift_col_match: Array  # int32[2*SHIFT_RANGE+1]
+  shift_col_n: Array
+  shift_row_match: Array
+  shift_row_n: Array
+  transpose_match: Array  # int32
+  transpose_n: Array  # int32
+  hist_abs: Array  # int32[HIST_BUCKETS]
+  hist_rel: Array
+  pct_n: Array  # int32: finite pairs in the percentile histograms
+  sample_n: Array  # int32: elements in the sample
+  repr_t: Array  # int32[5]: sampled t representable in NARROW_FORMATS
+  repr_g: Array  # int32[5]
+  ref_steps: Array  # int32: records that had a reference
+  ref_n: Array  # int32: elements with finite t, g and r
+  ref_t_max: Array  # max |t - r|
+  ref_t_sqs: Array  # scaled by ref_t_max
+  ref_g_max: Array  # max |g - r|
+  ref_g_sqs: Array
+  ref_t_rel_sum: Array
+  ref_g_rel_sum: Array
+  ref_t_closer: Array  # int32: |t - r| < |g - r|
+  ref_g_closer: Array  # int32: |g - r| < |t - r|
+
+
+# Merge rules (default: add).
+_MAX_FIELDS = ("dtype_code", "row_abs_max", "rel_max", "g_absmax", "ratio_max", "ref_t_max",
+               "ref_g_max")
+_MIN_FIELDS = ("ratio_min",)
+_SCALED = (("row_abs_sqs", "row_abs_max"), ("rel_sqs", "rel_max"),
+           ("g_sqs", "g_absmax"), ("ref_t_sqs", "ref_t_max"),
+           ("ref_g_sqs", "ref_g_max"))
+
+
+class Signature(NamedTuple):
+  """Statistics of one pseudo-error `t - g` (see docs/signature.md).
+
+  Notation: `t` test (KUT) output, `g` golden output, `r` float64 reference;
+  n elements; a *finite pair* is an element where t and g are both finite;
+  `d = t - g` and `|d|` are computed in float32 (float64 for float64 inputs)
+  and saturate at that dtype's largest finite value; `rel = |d| /
+  max(|g|, tiny)` with `tiny` the smallest normal number of the input dtype
+  (so golden zeros never divide by zero) and saturates likewise. Means and
+  RMS are over finite pairs (0 when there is none). Shares are counts / n.
+  The record is viewed as 2-D (R, C) with C the last axis (C = n, R = 1 for
+  0-D and 1-D arrays).
+
+  Fields (counts are int32, everything else float32 unless said otherwise):
+    n: element count.
+    n_bit_equal: elements whose bit patterns are identical.
+    n_value_equal: elements with t == g (so +0 == -0, NaN != NaN).
+    n_nan_test, n_nan_golden, n_inf_test, n_inf_golden: NaN/Inf counts.
+    n_finite_pairs: elements where both t and g are finite.
+    n_nonfinite_new: t is NaN or Inf where g is finite (error model `nan`).
+    n_zeroed: t == 0 where g is finite and nonzero (`zero`).
+    n_flushed: g is subnormal and t == 0 (`ftz`).
+    n_golden_subnormal: g is subnormal (denominator for `n_flushed`).
+    n_saturated: g finite, |g| < max of t's dtype, and t is +-Inf or
+      +-max of t's dtype (`saturation`).
+    n_saturated_fp16: |t| == 65504 and |g| > 65504 (clipped at fp16 max).
+    n_saturated_fp8_e4m3: |t| == 448 and |g| > 448.
+    n_sign_flip: finite pairs, both nonzero, sign bits differ.
+    n_err_pos, n_err_neg: finite pairs with d > 0, d < 0.
+    n_mag_larger, n_mag_smaller: finite pairs with |t| > |g|, |t| < |g|
+      (`truncation` makes |t| <= |g| everywhere).
+    n_golden_zero: g == 0.
+    n_overflow: t is +-Inf where g is finite and |g| > 448 (the fp8_e4m3
+      maximum, the smallest narrow-format maximum): a conversion overflowed.
+    dtype_code: int32: 0 float32, 1 bfloat16, 2 float16, 3 float64.
+    share_differ: (n - n_bit_equal) / n.
+    repr_test, repr_golden: float32[5]: share of elements of t (of g) that
+      are exactly representable (finite, round-trip equal) in bf16, fp16,
+      tf32 (10 mantissa bits, float32 range), fp8_e4m3 (e4m3fn), fp8_e5m2,
+      in that order (NARROW_FORMATS). `precision:<fmt>` drives
+      repr_test[fmt] to 1 while repr_golden[fmt] stays low.
+    abs_max, abs_mean, abs_rms: max, mean, sqrt(mean(d**2)) of |d|.
+    rel_max, rel_mean, rel_rms: same for rel.
+    abs_pct, rel_pct: float32[4]: the PERCENTILES (50, 90, 99, 99.9) of |d|
+      and rel over finite pairs, read from a histogram of the float32 bit
+      pattern >> 21 (4 buckets per octave): each value is the upper edge of
+      the bucket holding the percentile, clipped to the exact max, so it is
+      an upper bound within a factor 1.25 of the exact order statistic
+      (values below 2**-126 fall in coarser buckets). When n > PCT_SAMPLE
+      (65536) the histogram holds a jittered stratified sample of
+      PCT_SAMPLE elements (one per stratum of n // PCT_SAMPLE elements).
+    err_mean: mean of signed d. bias: err_mean / abs_rms (0 if abs_rms is
+      0), in [-1, 1]: about 0 for unbiased rounding noise.
+    mag_bias: mean(sign(g) * sign(d) * rel) / rel_rms, in [-1, 1]: the
+      bias toward larger (> 0) or smaller (< 0) magnitudes, scale-free;
+      about -0.8 for `truncation` (round toward zero), about 0 for round to
+      nearest.
+    golden_absmax, golden_rms: max |g| and sqrt(mean(g**2)), finite pairs.
+    ulp_hist: int32[nbits+1]: finite pairs by ULP distance (distance of the
+      bit patterns in t's format, +0 and -0 equal): bucket 0 holds distance
+      0, bucket k holds 2**(k-1) <= distance < 2**k.
+    ulp_pct: float32[4]: percentiles of the ULP distance as bucket upper
+      edges 2**k - 1 (exact within a factor 2).
+    bits_xor, bits_up, bits_down: int32[nbits]: per bit position k (0 =
+      least significant mantissa bit, nbits-1 = sign), the elements where
+      bit k differs / is 1 in t and 0 in g / is 0 in t and 1 in g. For
+      float32 bits 0..22 are mantissa, 23..30 exponent, 31 sign.
+    row_ndiff: int32[R], row_abs_max: [R], row_abs_mean: [R]: differing
+      elements, max and mean |d| per row (mean over the row's C elements).
+    col_ndiff: int32[C], col_abs_mean: [C]: the same per column (mean over R).
+    lane_ndiff: int32[32]: differing elements by column index mod 32.
+    tile_ndiff: int32[R//8, C//8]: differing elements per aligned 8x8 tile
+      of the largest (8k, 8m) top-left sub-array.
+    tiles_total, tiles_any, tiles_all: int32[3]: for tile edges 8, 16, 32,
+      the aligned tiles, those with at least one differing element and
+      those where every element differs (`zero`, `lane`, tiles of garbage).
+    scale: exp2(mean(log2|t| - log2|g|)) * sign, over elements where g is
+      normal and t finite and nonzero (1.0 when there is none); relative
+      accuracy about 1e-6 (float32 log2).
+    scale_spread: (ratio_max - ratio_min) / |scale| of t/g over the same
+      elements (0 when there is none): ~0 for `scale` and for `exact`.
+    err_slope, err_corr: least-squares slope and correlation of
+      y = log2|d| on x = log2|g| over finite pairs with d != 0 and g != 0:
+      slope ~1 means relative-like (rounding), ~0 absolute-like (0 when
+      undefined).
+    is_permutation: bool: the multisets of bit patterns of t and g are
+      equal (two order-free 32-bit hash sums) and n_bit_equal < n.
+    shift_col_share, shift_row_share: float32[17]: for s = -8..8 (index s+8),
+      the share of compared elements where t[i, j] == g[i, j - s] (columns)
+      or t[i, j] == g[i - s, j] (rows), bitwise, counting only in-range
+      positions, over the first min(C, 512) columns of
+      min(R, 16, max(2, ceil(512 / min(C, 512)))) evenly spread rows.
+    best_shift_col, best_shift_row: int32: the s != 0 with the largest share
+      (0 if no share beats shift 0).
+    transpose_share: share of t[i, j] == g[j, i] over the same sampled
+      positions (0 unless R == C).
+    has_reference: bool.
+    ref_test_abs_max, ref_test_abs_rms, ref_golden_abs_max,
+    ref_golden_abs_rms: max and RMS of |t - r| and |g - r| over elements
+      where t, g, r are finite (r kept in double-float, so the differences
+      are exact to ~2**-48 relative).
+    ref_test_rel_mean, ref_golden_rel_mean: mean of |t - r| / max(|r|,
+      tiny) and |g - r| / max(|r|, tiny).
+    noise_ratio: ref_test_abs_rms / ref_golden_abs_rms (1 when both are 0,
+      +Inf when only the golden one is 0): <= ~1 means within the noise
+      floor.
+    share_test_closer, share_golden_closer: share of elements where t (g)
+      is strictly closer to r.
+    The ref_* fields, noise_ratio and the share_*_closer fields are NaN
+    when no reference was given.
+  """
+
+  n: Array
+  n_bit_equal: Array
+  n_value_equal: Array
+  n_nan_test: Array
+  n_nan_golden: Array
+  n_inf_test: Array
+  n_inf_golden: Array
+  n_finite_pairs: Array
+  n_nonfinite_new: Array
+  n_zeroed: Array
+  n_flushed: Array
+  n_golden_subnormal: Array
+  n_saturated: Array
+  n_saturated_fp16: Array
+  n_saturated_fp8_e4m3: Array
+  n_sign_flip: Array
+  n_err_pos: Array
+  n_err_neg: Array
+  n_mag_larger: Array
+  n_mag_smaller: Array
+  n_golden_zero: Array
+  n_overflow: Array
+  dtype_code: Array
+  share_differ: Array
+  repr_test: Array
+  repr_golden: Array
+  abs_max: Array
+  abs_mean: Array
+  abs_rms: Array
+  rel_max: Array
+  rel_mean: Array
+  rel_rms: Array
+  abs_pct: Array
+  rel_pct: Array
+  err_mean: Array
+  bias: Array
+  mag_bias: Array
+  golden_absmax: Array
+  golden_rms: Array
+  ulp_hist: Array
+  ulp_pct: Array
+  bits_xor: Array
+  bits_up: Array
+  bits_down: Array
+  row_ndiff: Array
+  row_abs_max: Array
+  row_abs_mean: Array
+  col_ndiff: Array
+  col_abs_mean: Array
+  lane_ndiff: Array
+  tile_ndiff: Array
+  tiles_total: Array
+  tiles_any: Array
+  tiles_all: Array
+  scale: Array
+  scale_spread: Array
+  err_slope: Array
+  err_corr: Array
+  is_permutation: Array
+  shift_col_share: Array
+  shift_row_share: Array
+  best_shift_col: Array
+  best_shift_row: Array
+  transpose_share: Array
+  has_reference: Array
+  ref_test_abs_max: Array
+  ref_test_abs_rms: Array
+  ref_golden_abs_max: Array
+  ref_golden_abs_rms: Array
+  ref_test_rel_mean: Array
+  ref_golden_rel_mean: Array
+  noise_ratio: Array
+  share_test_closer: Array
+  share_golden_closer: Array
+
+
+# --------------------------------------------------------------------------
+# Validation (Python, before tracing).
+# --------------------------------------------------------------------------
+
+
+def _check_dtype(dtype, what: str) -> np.dtype:
+  dtype = np.dtype(dtype)
+  if dtype not in _SUPPORTED:
+    raise PeatError(
+        f"{what} has dtype {dtype}; expected one of float32, bfloat16, "
+        "float16, float64. Fix: analyze the floating-point output of the "
+        "kernel (cast integer or complex outputs yourself, e.g. compare the "
+        "real and imaginary parts separately).")
+  return dtype
+
+
+def _check_pair(test, golden, *, batched: bool) -> tuple[tuple[int, ...],
+                                                         np.dtype]:
+  """Validates shapes and dtypes; returns (record shape, dtype)."""
+  for what, x in (("test", test), ("golden", golden)):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      raise PeatError(
+          f"{what}: expected an array (jax.Array or numpy.ndarray); got "
+          f"{type(x).__name__}. Fix: pass jnp.asarray(...) of the output.")
+  dt = _check_dtype(test.dtype, "test")
+  dg = _check_dtype(golden.dtype, "golden")
+  if dt != dg:
+    raise PeatError(
+        f"test dtype {dt} != golden dtype {dg}; expected equal dtypes. Fix: "
+        "compare outputs of the same format (cast the KUT output to the "
+        "golden dtype only if that is what the model consumes).")
+  if tuple(test.shape) != tuple(golden.shape):
+    raise PeatError(
+        f"test shape {tuple(test.shape)} != golden shape "
+        f"{tuple(golden.shape)}; expected equal shapes. Fix: compare the "
+        "same site's outputs (check the site name and layout).")
+  shape = tuple(test.shape)
+  if batched:
+    if len(shape) < 1:
+      raise PeatError(
+          "batched records: expected a leading batch axis; got a 0-d array."
+          " Fix: stack records with jnp.stack(records).")
+    shape = shape[1:]
+    if test.shape[0] == 0:
+      raise PeatError("batched records: the batch axis is empty (0 records);"
+                      " expected at least 1. Fix: skip empty batches.")
+  if math.prod(shape) == 0:
+    raise PeatError(
+        f"record shape {shape} has no elements; expected at least 1. Fix: "
+        "skip sites whose output is empty.")
+  if math.prod(shape) >= 2**31 - 1:
+    raise PeatError(
+        f"record of {math.prod(shape)} elements; expected < 2**31 - 1 (int32"
+        " counts). Fix: analyze the record in slices (stream them with "
+        "signature_update).")
+  return shape, dt
+
+
+def _split_reference(reference, shape, *, batched: bool):
+  """Returns (hi, lo) float32 double-float of the float64 reference."""
+  r = np.asarray(jax.device_get(reference))
+  if not (np.issubdtype(r.dtype, np.floating) or r.dtype == jnp.bfloat16):
+    raise PeatError(
+        f"reference has dtype {r.dtype}; expected a floating-point array "
+        "(float64). Fix: compute it with the peat_jax reference helpers.")
+  r = r.astype(np.float64)
+  want = tuple(shape)
+  got = tuple(r.shape[1:]) if batched else tuple(r.shape)
+  if got != want:
+    raise PeatError(
+        f"reference record shape {got} != test shape {want}; expected equal."
+        " Fix: compute the reference from the same site's inputs.")
+  with np.errstate(over="ignore", invalid="ignore"):
+    hi = r.astype(np.float32)
+    lo = (r - hi.astype(np.float64)).astype(np.float32)
+    lo = np.where(np.isfinite(lo), lo, np.float32(0))
+  return hi, lo
+
+
+# --------------------------------------------------------------------------
+# Element-wise helpers (traced).
+# --------------------------------------------------------------------------
+
+
+def _uint(dtype):
+  return {16: jnp.uint16, 32: jnp.uint32, 64: jnp.uint64}[_bits_of(dtype)]
+
+
+def _sint(dtype):
+  return {16: jnp.int16, 32: jnp.int32, 64: jnp.int64}[_bits_of(dtype)]
+
+
+def _words(x: Array) -> list[Array]:
+  """Splits unsigned bit patterns into uint32 words (low word first)."""
+  if x.dtype == jnp.uint64:
+    return [(x & jnp.uint64(0xFFFFFFFF)).astype(jnp.uint32),
+            (x >> jnp.uint64(32)).astype(jnp.uint32)]
+  return [x.astype(jnp.uint32)]
+
+
+def _ordered(bits_s: Array) -> Array:
+  """Maps signed bit patterns to integers monotone in the float value."""
+  nbits = bits_s.dtype.itemsize * 8
+  mag = bits_s & jnp.array((1 << (nbits - 1)) - 1, bits_s.dtype)
+  return jnp.where(bits_s < 0, -mag, mag)
+
+
+def _hash32(u: Array, mul: int, add: int) -> Array:
+  """A 32-bit integer mixing function of uint32 words (murmur-like)."""
+  h = u * jnp.uint32(mul) + jnp.uint32(add)
+  h = h ^ (h >> 15)
+  h = h * jnp.uint32(0x2C1B3C6D)
+  h = h ^ (h >> 12)
+  return h
+
+
+def _representable(x: Array) -> Array:
+  """bool[..., 5]-like list: x exactly representable in NARROW_FORMATS."""
+  fin = jnp.isfinite(x)
+  x32 = x.astype(jnp.float32)
+  out = []
+  for fmt in NARROW_FORMATS:
+    if fmt == "tf32":
+      b = lax.bitcast_convert_type(x32, jnp.uint32)
+      ok = ((b & jnp.uint32(0x1FFF)) == 0) & (x32.astype(x.dtype) == x)
+    else:
+      nd = {"bf16": jnp.bfloat16, "fp16": jnp.float16,
+            "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}[fmt]
+      ok = x.astype(nd).astype(x.dtype) == x
+    out.append(ok & fin)
+  return out
+
+
+def _row_scaled_sumsq(a: Array, axis: int) -> tuple[Array, Array]:
+  """(max, sum((a / max)**2)) along `axis` of a nonnegative finite array."""
+  m = jnp.max(a, axis=axis)
+  inv = jnp.where(m > 0, 1.0 / jnp.where(m > 0, m, 1.0), 0.0).astype(a.dtype)
+  s = jnp.sum(jnp.square(a * jnp.expand_dims(inv, axis)), axis=axis)
+  return m, s
+
+
+def _combine_scaled(m: Array, s: Array) -> tuple[Array, Array]:
+  """Reduces per-row (max, scaled sumsq) vectors to scalars."""
+  mm = jnp.max(m)
+  f = jnp.where(mm > 0, m / jnp.where(mm > 0, mm, 1.0), 0.0)
+  return mm, jnp.sum(s * f * f)
+
+
+def _merge_scaled(m1, s1, m2, s2):
+  mm = jnp.maximum(m1, m2)
+  safe = jnp.where(mm > 0, mm, 1.0)
+  f1 = jnp.where(mm > 0, m1 / safe, 0.0)
+  f2 = jnp.where(mm > 0, m2 / safe, 0.0)
+  return mm, s1 * f1 * f1 + s2 * f2 * f2
+
+
+def _hist_index(v: Array) -> Array:
+  """Bucket of a nonnegative float32 value: bit pattern >> 21."""
+  b = lax.bitcast_convert_type(v.astype(jnp.float32), jnp.uint32)
+  return (b >> 21).astype(jnp.int32)
+
+
+def _sample_index(n: int) -> np.ndarray | None:
+  """Jittered stratified sample of PCT_SAMPLE indices (None: use all)."""
+  if n <= PCT_SAMPLE:
+    return None
+  w = n // PCT_SAMPLE
+  k = np.arange(PCT_SAMPLE, dtype=np.uint64)
+  h = (k * np.uint64(0x9E3779B1) + np.uint64(0x7F4A7C15)) & np.uint64(
+      0xFFFFFFFF)
+  h ^= h >> np.uint64(15)
+  h = (h * np.uint64(0x2C1B3C6D)) & np.uint64(0xFFFFFFFF)
+  h ^= h >> np.uint64(12)
+  return (k * np.uint64(w) + h % np.uint64(w)).astype(np.int32)
+
+
+# --------------------------------------------------------------------------
+# The accumulation pass.
+# --------------------------------------------------------------------------
+
+
+def _element_words(t: Array, g: Array) -> tuple[list[Array], list[Array]]:
+  """Per-element uint32 words whose per-bit counts give the exact counts.
+
+  Returns (words, hash_words): words = [flags, up..., down..., ulp...] where
+  `flags` packs the _F_* conditions, `up`/`down` are the bits forced to 1/0
+  (two words each for float64) and `ulp` is the smeared ULP distance (bit k
+  set iff distance >= 2**k); hash_words are 4 order-free hash terms.
+  """
+  dtype = t.dtype
+  nbits = _bits_of(dtype)
+  cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
+  finfo = jnp.finfo(dtype)
+  fmax = jnp.asarray(finfo.max, cdt)
+  ut = lax.bitcast_convert_type(t, _uint(dtype))
+  ug = lax.bitcast_convert_type(g, _uint(dtype))
+  st = lax.bitcast_convert_type(t, _sint(dtype))
+  sg = lax.bitcast_convert_type(g, _sint(dtype))
+  tc = t.astype(cdt)
+  gc = g.astype(cdt)
+  fin_t = jnp.isfinite(t)
+  fin_g = jnp.isfinite(g)
+  fp = fin_t & fin_g
+  d = jnp.where(fp, tc - gc, 0.0)
+  at = jnp.abs(tc)
+  ag = jnp.abs(gc)
+  # Zero and subnormal tests use bit patterns: XLA on CPU flushes subnormal
+  # operands of float comparisons and arithmetic to zero.
+  # Shifts, not masks: LLVM turns `bits & 0x7f..f` back into fabs().
+  one = jnp.array(1, ut.dtype)
+  sh_e = jnp.array(finfo.nmant + 1, ut.dtype)
+  t0 = (ut << one) == 0
+  g0 = (ug << one) == 0
+  gexp = (ug << one) >> sh_e
+  gsub = (gexp == 0) & ~g0
+  gnorm = fin_g & (gexp != 0)
+  f = [None] * _N_FLAGS
+  f[_F_BIT_EQUAL] = ut == ug
+  f[_F_VALUE_EQUAL] = ((ut == ug) & ~jnp.isnan(t)) | (t0 & g0)
+  f[_F_NAN_T] = jnp.isnan(t)
+  f[_F_NAN_G] = jnp.isnan(g)
+  f[_F_INF_T] = jnp.isinf(t)
+  f[_F_INF_G] = jnp.isinf(g)
+  f[_F_FINITE_PAIR] = fp
+  f[_F_NONFINITE_NEW] = fin_g & ~fin_t
+  f[_F_ZEROED] = fin_g & ~g0 & t0
+  f[_F_FLUSHED] = gsub & t0
+  f[_F_SATURATED] = fin_g & (ag < fmax) & (jnp.isinf(t) | (at == fmax))
+  f[_F_SAT_FP16] = fp & (at == 65504.0) & (ag > 65504.0)
+  f[_F_SAT_E4M3] = fp & (at == 448.0) & (ag > 448.0)
+  f[_F_GOLDEN_SUBNORMAL] = gsub
+  f[_F_POS_ERR] = d > 0
+  f[_F_NEG_ERR] = d < 0
+  f[_F_MAG_LARGER] = fp & (at > ag)
+  f[_F_MAG_SMALLER] = fp & (at < ag)
+  f[_F_SIGN_FLIP] = fp & ~t0 & ~g0 & ((st < 0) != (sg < 0))
+  f[_F_RATIO_OK] = fp & gnorm & ~t0
+  f[_F_LOG_OK] = fp & (d != 0) & ~g0
+  f[_F_GOLDEN_ZERO] = g0
+  f[_F_OVERFLOW] = fin_g & jnp.isinf(t) & (ag > 448.0)
+  flags = jnp.zeros(t.shape, jnp.uint32)
+  for k, x in enumerate(f):
+    flags = flags | (x.astype(jnp.uint32) << k)
+  # ULP distance, smeared: bit k set iff distance >= 2**k.
+  ot = _ordered(st)
+  og = _ordered(sg)
+  uu = _uint(dtype)
+  if nbits == 16:
+    ulp = jnp.abs(ot.astype(jnp.int32) - og.astype(jnp.int32)).astype(
+        jnp.uint32)
+  else:
+    ulp = jnp.where(ot >= og, ot.astype(uu) - og.astype(uu),
+                    og.astype(uu) - ot.astype(uu))
+  ulp = jnp.where(fp, ulp, jnp.zeros((), ulp.dtype))
+  sh = 1
+  while sh < nbits:
+    ulp = ulp | (ulp >> sh)
+    sh *= 2
+  words = [flags] + _words(ut & ~ug) + _words(ug & ~ut) + _words(ulp)
+  hw = []
+  for u in (ut, ug):
+    ws = _words(u)
+    w = ws[0] if len(ws) == 1 else ws[0] ^ _hash32(ws[1], 0x27D4EB2F, 7)
+    hw += [_hash32(w, 0x9E3779B1, 0x7F4A7C15), _hash32(w, 0x85EBCA77,
+                                                        0x165667B1)]
+  return words, hw
+
+
+_FLOAT_OPS = {
+    "err_sum": "add", "mag_err_sum": "add", "rel_sum": "add", "rel": "ss",
+    "g": "ss", "ratio_min": "min", "ratio_max": "max", "logratio_sum": "add",
+    "sx": "add", "sy": "add", "sxy": "add", "sxx": "add", "syy": "add",
+}
+
+
+def _element_floats(t: Array, g: Array) -> dict[str, Array]:
+  """Per-element float quantities reduced by the statistics pass.
+
+  Keys as in _FLOAT_OPS: "add" ones are summed, "min"/"max" reduced, "ss"
+  ones kept as (max, scaled sum of squares).
+  """
+  dtype = t.dtype
+  cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
+  finfo = jnp.finfo(dtype)
+  tiny = jnp.asarray(finfo.tiny, cdt)
+  big = jnp.asarray(jnp.finfo(cdt).max, cdt)
+  ut = lax.bitcast_convert_type(t, _uint(dtype))
+  ug = lax.bitcast_convert_type(g, _uint(dtype))
+  tc = t.astype(cdt)
+  gc = g.astype(cdt)
+  fp = jnp.isfinite(t) & jnp.isfinite(g)
+  d = jnp.where(fp, tc - gc, 0.0)
+  ad = jnp.minimum(jnp.abs(d), big)
+  at = jnp.abs(tc)
+  ag = jnp.abs(gc)
+  rel = jnp.where(fp, jnp.minimum(ad / jnp.maximum(ag, tiny), big), 0.0)
+  one = jnp.array(1, ut.dtype)
+  sh_e = jnp.array(finfo.nmant + 1, ut.dtype)
+  ratio_ok = fp & (((ug << one) >> sh_e) != 0) & ((ut << one) != 0)
+  log_ok = fp & (d != 0) & ((ug << one) != 0)
+  ratio = jnp.where(ratio_ok, tc / jnp.where(ratio_ok, gc, 1.0), 0.0)
+  lr = jnp.where(ratio_ok, jnp.log2(jnp.where(ratio_ok, at, 1.0)) -
+                 jnp.log2(jnp.where(ratio_ok, ag, 1.0)), 0.0)
+  x = jnp.where(log_ok, jnp.log2(jnp.where(log_ok, ag, 1.0)), 0.0)
+  y = jnp.where(log_ok, jnp.log2(jnp.where(log_ok, ad, 1.0)), 0.0)
+  return dict(
+      err_sum=d, mag_err_sum=jnp.where(gc < 0, -rel, rel) * jnp.sign(d),
+      rel_sum=rel, rel=rel, g=jnp.where(fp, ag, 0.0),
+      ratio_min=jnp.where(ratio_ok, ratio, jnp.inf),
+      ratio_max=jnp.where(ratio_ok, ratio, -jnp.inf), logratio_sum=lr,
+      sx=x, sy=y, sxy=x * y, sxx=x * x, syy=y * y)
+
+
+def _float_init(shape, cdt):
+  out = {}
+  for k, op in _FLOAT_OPS.items():
+    z = jnp.zeros(shape, cdt)
+    out[k] = {"add": z, "min": z + jnp.inf, "max": z - jnp.inf,
+              "ss": (z, z)}[op]
+  return out
+
+
+def _float_update(acc, vals):
+  """Element-wise accumulation (no reduction) of _element_floats values."""
+  out = {}
+  for k, op in _FLOAT_OPS.items():
+    a, x = acc[k], vals[k]
+    if op == "add":
+      out[k] = a + x
+    elif op == "min":
+      out[k] = jnp.minimum(a, x)
+    elif op == "max":
+      out[k] = jnp.maximum(a, x)
+    else:
+      m, s = a
+      m2 = jnp.maximum(m, x)
+      r = jnp.where(m2 > 0, 1.0 / jnp.where(m2 > 0, m2, 1.0), 0.0)
+      out[k] = (m2, s * jnp.square(m * r) + jnp.square(x * r))
+  return out
+
+
+def _float_reduce(acc, *, scaled: bool):
+  """Reduces accumulators (or raw values if not `scaled`) to scalars."""
+  out = {}
+  for k, op in _FLOAT_OPS.items():
+    a = acc[k]
+    if op == "add":
+      out[k] = jnp.sum(a)
+    elif op == "min":
+      out[k] = jnp.min(a)
+    elif op == "max":
+      out[k] = jnp.max(a)
+    elif scaled:
+      out[k] = _combine_scaled(a[0].reshape(-1), a[1].reshape(-1))
+    else:
+      out[k] = _row_scaled_sumsq(a.reshape(-1), 0)
+  return out
+
+
+def _float_merge(a, b):
+  out = {}
+  for k, op in _FLOAT_OPS.items():
+    if op == "add":
+      out[k] = a[k] + b[k]
+    elif op == "min":
+      out[k] = jnp.minimum(a[k], b[k])
+    elif op == "max":
+      out[k] = jnp.maximum(a[k], b[k])
+    else:
+      out[k] = _merge_scaled(a[k][0], a[k][1], b[k][0], b[k][1])
+  return out
+
+
+#: Words per lane added per step of the counting scan (bit-sliced CSA tree).
+_GROUP = 16
+#: Lanes (elements side by side) of the counting scan; its planes stay in cache.
+_WIDTH = 1024
+
+
+def _csa_add(a: list[Array], b: list[Array]) -> list[Array]:
+  """Adds two bit-sliced counters (lists of planes, LSB first)."""
+  if len(a) < len(b):
+    a, b = b, a
+  out, carry = [], None
+  for i, x in enumerate(a):
+    y = b[i] if i < len(b) else None
+    if y is None and carry is None:
+      out.append(x)
+      continue
+    if y is None:
+      out.append(x ^ carry)
+      carry = x & carry
+    elif carry is None:
+      out.append(x ^ y)
+      carry = x & y
+    else:
+      xy = x ^ y
+      out.append(xy ^ carry)
+      carry = (x & y) | (carry & xy)
+  if carry is not None:
+    out.append(carry)
+  return out
+
+
+def _csa_tree(words: list[Array]) -> list[Array]:
+  """Bit-sliced sum of 1-bit counters: per bit position, how many are set."""
+  cs = [[w] for w in words]
+  while len(cs) > 1:
+    nxt = [_csa_add(cs[i], cs[i + 1]) for i in range(0, len(cs) - 1, 2)]
+    if len(cs) % 2:
+      nxt.append(cs[-1])
+    cs = nxt
+  return cs[0]
+
+
+def _accumulate_planes(acc: tuple[Array, ...], add: list[Array]):
+  """acc += add for bit-sliced counters; acc has fixed length (no overflow)."""
+  out, carry = [], None
+  for i, p in enumerate(acc):
+    y = add[i] if i < len(add) else None
+    if y is None and carry is None:
+      out.append(p)
+    elif y is None:
+      out.append(p ^ carry)
+      carry = p & carry
+    elif carry is None:
+      out.append(p ^ y)
+      carry = p & y
+    else:
+      py = p ^ y
+      out.append(py ^ carry)
+      carry = (p & y) | (carry & py)
+  return tuple(out)
+
+
+def _plane_counts(planes: tuple[Array, ...]) -> Array:
+  """int32[32] per-bit totals of a bit-sliced counter of (width,) planes."""
+  shifts = jnp.arange(32, dtype=jnp.uint32)
+  total = jnp.zeros((32,), jnp.int32)
+  for l, p in enumerate(planes):
+    c = jnp.sum(((p[:, None] >> shifts) & 1).astype(jnp.int32), axis=0)
+    total = total + (c << l)
+  return total
+
+
+def _count_pass(t: Array, g: Array):
+  """Exact per-bit counts of `_element_words` over flat t, g (one pass).
+
+  Carry-save (bit-sliced) counting: a `lax.scan` takes _GROUP x _WIDTH
+  elements per step, adds the _GROUP words of each lane with a tree of
+  bitwise full adders (per bit position, all 32 at once), and adds that
+  small count into per-word accumulators of L bit planes (plane l holds
+  bit l of each lane's count). Only bitwise element-wise operations run in
+  the loop; the planes are reduced once at the end. Elements that do not
+  fill a step are counted directly.
+
+  Returns:
+    flags int32[32], bits_up int32[nbits], bits_down int32[nbits],
+    ulp_cum int32[nbits], hash_t uint32[2], hash_g uint32[2], and the
+    reduced `_element_floats` (dict; "ss" entries as (max, scaled sumsq)).
+  """
+  n = t.shape[0]
+  nbits = _bits_of(t.dtype)
+  # Small records use narrower steps (powers of two, 32 .. _WIDTH lanes).
+  width = _WIDTH
+  while width > 32 and _GROUP * width * 16 > n:
+    width //= 2
+  per_step = _GROUP * width
+  steps = n // per_step
+  main = steps * per_step
+  k = 2 if nbits == 64 else 1
+  nw = 1 + 3 * k
+  nplanes = max(1, int(math.ceil(math.log2(_GROUP * (steps + 1) + 1))))
+  zero = jnp.zeros((width,), jnp.uint32)
+  planes = tuple(tuple(zero for _ in range(nplanes)) for _ in range(nw))
+  hsum = [jnp.uint32(0)] * 4
+
+  def add_block(planes, ws):
+    out = []
+    for i, w in enumerate(ws):
+      cnt = _csa_tree([w[j] for j in range(_GROUP)])
+      out.append(_accumulate_planes(planes[i], cnt))
+    return tuple(out)
+
+  cdt = jnp.float64 if t.dtype == jnp.float64 else jnp.float32
+  fl = None
+  if steps == 1:
+    tb, gb = t[:main].reshape(_GROUP, width), g[:main].reshape(_GROUP, width)
+    ws, hw = _element_words(tb, gb)
+    planes = add_block(planes, ws)
+    hsum = [jnp.sum(x, dtype=jnp.uint32) for x in hw]
+    fl = _float_reduce(_element_floats(tb, gb), scaled=False)
+  elif steps:
+
+    def body(acc, tg):
+      planes, hsh, facc = acc
+      ws, hw = _element_words(*tg)  # each (_GROUP, width)
+      hsh = tuple(h + jnp.sum(x, axis=0, dtype=jnp.uint32)
+                  for h, x in zip(hsh, hw))
+      facc = _float_update(facc, _element_floats(*tg))
+      return (add_block(planes, ws), hsh, facc), None
+
+    init = (planes, tuple(zero for _ in range(4)),
+            _float_init((_GROUP, width), cdt))
+    (planes, hsh, facc), _ = lax.scan(
+        body, init,
+        (t[:main].reshape(steps, _GROUP, width),
+         g[:main].reshape(steps, _GROUP, width)))
+    hsum = [jnp.sum(h, dtype=jnp.uint32) for h in hsh]
+    fl = _float_reduce(facc, scaled=True)
+  if main < n:
+    # The tail's words, zero-padded to one block (zero words count nothing).
+    ws, hw = _element_words(t[main:], g[main:])
+    ws = [jnp.pad(w, (0, per_step - (n - main))).reshape(_GROUP, width)
+          for w in ws]
+    planes = add_block(planes, ws)
+    hsum = [a + jnp.sum(x, dtype=jnp.uint32) for a, x in zip(hsum, hw)]
+    ft = _float_reduce(_element_floats(t[main:], g[main:]), scaled=False)
+    fl = ft if fl is None else _float_merge(fl, ft)
+  per_word = [_plane_counts(p) for p in planes]
+  flags = per_word[0]
+
+  def cat(ws):
+    return jnp.concatenate(ws)[:nbits]
+
+  bits_up = cat(per_word[1:1 + k])
+  bits_down = cat(per_word[1 + k:1 + 2 * k])
+  ulp_cum = cat(per_word[1 + 2 * k:1 + 3 * k])
+  return (flags, bits_up, bits_down, ulp_cum, jnp.stack(hsum[:2]),
+          jnp.stack(hsum[2:]), fl)
+
+
+def _view2d(shape) -> tuple[int, int]:
+  if len(shape) <= 1:
+    return 1, int(math.prod(shape))
+  return int(math.prod(shape[:-1])), int(shape[-1])
+
+
+def _shift_tests(tb: Array, gb: Array, rows: int, cols: int):
+  """Bitwise match counts of t against shifted/transposed g (sampled rows).
+
+  Two static gathers (no Python loop in the traced graph): g at every
+  column shift of the sampled rows, and g's rows at every row shift.
+  """
+  cw = min(cols, SHIFT_WINDOW)
+  nsamp = min(rows, SHIFT_SAMPLE_ROWS, max(2, -(-SHIFT_WINDOW // cw)))
+  ridx = np.unique(np.linspace(0, rows - 1, nsamp).round().astype(np.int64))
+  shifts = np.arange(-SHIFT_RANGE, SHIFT_RANGE + 1)
+  ts = tb[ridx][:, :cw]  # (S, cw)
+  gs = gb[ridx]
+  # Columns: t[i, j] vs g[i, j - s].
+  src = np.arange(cw)[None, :] - shifts[:, None]  # (17, cw)
+  ok = (src >= 0) & (src < cols)
+  gsh = gs[:, np.clip(src, 0, cols - 1)]  # (S, 17, cw)
+  col_m = jnp.sum((ts[:, None, :] == gsh) & ok[None], axis=(0, 2),
+                  dtype=jnp.int32)
+  col_n = jnp.asarray(ok.sum(axis=1) * len(ridx), jnp.int32)
+  # Rows: t[i, j] vs g[i - s, j].
+  rsrc = ridx[None, :] - shifts[:, None]  # (17, S)
+  rok = (rsrc >= 0) & (rsrc < rows)
+  grs = gb[np.clip(rsrc, 0, rows - 1)][:, :, :cw]  # (17, S, cw)
+  row_m = jnp.sum((ts[None] == grs) & rok[:, :, None], axis=(1, 2),
+                  dtype=jnp.int32)
+  row_n = jnp.asarray(rok.sum(axis=1) * cw, jnp.int32)
+  if rows == cols and rows > 1:
+    gt = gb[:cw, ridx].T  # g[j, i] for sampled i, j < cw
+    tr_m = jnp.sum(ts == gt, dtype=jnp.int32)
+    tr_n = jnp.int32(ts.size)
+  else:
+    tr_m, tr_n = jnp.int32(0), jnp.int32(0)
+  return col_m, col_n, row_m, row_n, tr_m, tr_n
+
+
+def _accumulate(t: Array, g: Array, ref_hi: Array | None,
+                ref_lo: Array | None) -> SignatureState:
+  """One record -> SignatureState. Pure; shapes are static."""
+  dtype = t.dtype
+  cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
+  finfo = jnp.finfo(dtype)
+  cfinfo = jnp.finfo(cdt)
+  tiny = jnp.asarray(finfo.tiny, cdt)
+  big = jnp.asarray(cfinfo.max, cdt)
+  shape = t.shape
+  n = int(math.prod(shape))
+  rows, cols = _view2d(shape)
+  t = t.reshape(rows, cols)
+  g = g.reshape(rows, cols)
+
+  ut = lax.bitcast_convert_type(t, _uint(dtype))
+  ug = lax.bitcast_convert_type(g, _uint(dtype))
+  tc = t.astype(cdt)
+  gc = g.astype(cdt)
+
+  fin_t = jnp.isfinite(t)
+  fin_g = jnp.isfinite(g)
+  fp = fin_t & fin_g
+  bit_eq = ut == ug
+  differ = ~bit_eq
+  d = jnp.where(fp, tc - gc, 0.0)
+  ad = jnp.minimum(jnp.abs(d), big)
+  ag = jnp.abs(gc)
+  rel = jnp.minimum(ad / jnp.maximum(ag, tiny), big)
+  rel = jnp.where(fp, rel, 0.0)
+
+  flags, bits_up, bits_down, ulp_cum, hash_t, hash_g, fl = _count_pass(
+      t.reshape(-1), g.reshape(-1))
+  rel_max, rel_sqs = fl["rel"]
+  g_absmax, g_sqs = fl["g"]
+
+  # Rows.
+  row_ndiff = jnp.sum(differ, axis=1, dtype=jnp.int32)
+  row_abs_max, row_abs_sqs = _row_scaled_sumsq(ad, 1)
+  row_abs_sum = jnp.sum(ad, axis=1)
+  # Columns.
+  col_ndiff = jnp.sum(differ, axis=0, dtype=jnp.int32)
+  col_abs_sum = jnp.sum(ad, axis=0)
+  # Tiles (8x8 over the aligned top-left part).
+  r8, c8 = rows // 8, cols // 8
+  if r8 and c8:
+    tile_ndiff = jnp.sum(
+        differ[:r8 * 8, :c8 * 8].reshape(r8, 8, c8, 8), axis=(1, 3),
+        dtype=jnp.int32)
+  else:
+    tile_ndiff = jnp.zeros((r8, c8), jnp.int32)
+
+  slope_sums = jnp.stack([fl[k] for k in ("sx", "sy", "sxy", "sxx", "syy")])
+
+  shifts = _shift_tests(ut, ug, rows, cols)
+
+  # Percentile histograms (over a jittered stratified sample if large).
+  idx = _sample_index(n)
+  ad_f, rel_f, fp_f = ad.reshape(-1), rel.reshape(-1), fp.reshape(-1)
+  if idx is not None:
+    ad_f, rel_f, fp_f = ad_f[idx], rel_f[idx], fp_f[idx]
+  hw = fp_f.astype(jnp.int32)
+  t_f, g_f = t.reshape(-1), g.reshape(-1)
+  if idx is not None:
+    t_f, g_f = t_f[idx], g_f[idx]
+  repr_t = jnp.stack([jnp.sum(r, dtype=jnp.int32)
+                      for r in _representable(t_f)])
+  repr_g = jnp.stack([jnp.sum(r, dtype=jnp.int32)
+                      for r in _representable(g_f)])
+  hist_abs = jnp.zeros((HIST_BUCKETS,), jnp.int32).at[
+      _hist_index(ad_f)].add(hw)
+  hist_rel = jnp.zeros((HIST_BUCKETS,), jnp.int32).at[
+      _hist_index(rel_f)].add(hw)
+  pct_n = jnp.sum(hw)
+
+  # Reference (double-float r = hi + lo, float32 halves).
+  if ref_hi is not None:
+    hi = ref_hi.reshape(rows, cols).astype(cdt)
+    lo = ref_lo.reshape(rows, cols).astype(cdt)
+    ok = fp & jnp.isfinite(hi)
+    et = jnp.where(ok, jnp.minimum(jnp.abs((tc - hi) - lo), big), 0.0)
+    eg = jnp.where(ok, jnp.minimum(jnp.abs((gc - hi) - lo), big), 0.0)
+    den = jnp.maximum(jnp.abs(hi), tiny)
+    m1, s1 = _row_scaled_sumsq(et, 1)
+    ref_t_max, ref_t_sqs = _combine_scaled(m1, s1)
+    m2, s2 = _row_scaled_sumsq(eg, 1)
+    ref_g_max, ref_g_sqs = _combine_scaled(m2, s2)
+    ref = dict(
+        ref_steps=jnp.int32(1), ref_n=jnp.sum(ok, dtype=jnp.int32),
+        ref_t_max=ref_t_max, ref_t_sqs=ref_t_sqs, ref_g_max=ref_g_max,
+        ref_g_sqs=ref_g_sqs,
+        ref_t_rel_sum=jnp.sum(jnp.minimum(et / den, big)),
+        ref_g_rel_sum=jnp.sum(jnp.minimum(eg / den, big)),
+        ref_t_closer=jnp.sum(ok & (et < eg), dtype=jnp.int32),
+        ref_g_closer=jnp.sum(ok & (eg < et), dtype=jnp.int32))
+  else:
+    z = jnp.zeros((), cdt)
+    ref = dict(ref_steps=jnp.int32(0), ref_n=jnp.int32(0), ref_t_max=z,
+               ref_t_sqs=z, ref_g_max=z, ref_g_sqs=z, ref_t_rel_sum=z,
+               ref_g_rel_sum=z, ref_t_closer=jnp.int32(0),
+               ref_g_closer=jnp.int32(0))
+
+  return SignatureState(
+      steps=jnp.int32(1), dtype_code=jnp.int32(
+          _DTYPE_CODE[_SUPPORTED[np.dtype(dtype)]]), n=jnp.int32(n), flags=flags, bits_up=bits_up,
+      bits_down=bits_down, ulp_cum=ulp_cum, row_ndiff=row_ndiff,
+      row_abs_max=row_abs_max, row_abs_sum=row_abs_sum,
+      row_abs_sqs=row_abs_sqs, col_ndiff=col_ndiff, col_abs_sum=col_abs_sum,
+      tile_ndiff=tile_ndiff, err_sum=fl["err_sum"],
+      mag_err_sum=fl["mag_err_sum"], rel_max=rel_max,
+      rel_sum=fl["rel_sum"], rel_sqs=rel_sqs, g_absmax=g_absmax, g_sqs=g_sqs,
+      ratio_min=fl["ratio_min"], ratio_max=fl["ratio_max"],
+      logratio_sum=fl["logratio_sum"],
+      slope_sums=slope_sums, hash_t=hash_t, hash_g=hash_g,
+      shift_col_match=shifts[0], shift_col_n=shifts[1],
+      shift_row_match=shifts[2], shift_row_n=shifts[3],
+      transpose_match=shifts[4], transpose_n=shifts[5], hist_abs=hist_abs,
+      hist_rel=hist_rel, pct_n=pct_n, sample_n=jnp.int32(t_f.shape[0]),
+      repr_t=repr_t, repr_g=repr_g, **ref)
+
+
+def _merge(a: SignatureState, b: SignatureState) -> SignatureState:
+  """Combines two states of the same record shape (associative)."""
+  out = {}
+  for name in SignatureState._fields:
+    x, y = getattr(a, name), getattr(b, name)
+    if name in _MAX_FIELDS:
+      out[name] = jnp.maximum(x, y)
+    elif name in _MIN_FIELDS:
+      out[name] = jnp.minimum(x, y)
+    else:
+      out[name] = x + y
+  for sq, mx in _SCALED:
+    _, out[sq] = _merge_scaled(getattr(a, mx), getattr(a, sq), getattr(b, mx),
+                               getattr(b, sq))
+  return SignatureState(**out)
+
+
+# --------------------------------------------------------------------------
+# Finalization.
+# --------------------------------------------------------------------------
+
+
+def _hist_pct(hist: Array, total: Array, vmax: Array) -> Array:
+  """Upper bucket edges of PERCENTILES from a bit-pattern histogram."""
+  cum = jnp.cumsum(hist)
+  edges = lax.bitcast_convert_type(
+      ((jnp.arange(HIST_BUCKETS, dtype=jnp.uint32) + 1) << 21),
+      jnp.float32)  # upper edge of bucket i (bucket 1023's edge is NaN bits)
+  edges = jnp.where(jnp.isfinite(edges), edges, jnp.inf)
+  out = []
+  for p in PERCENTILES:
+    need = jnp.ceil(total.astype(jnp.float32) * (p / 100.0))
+    need = jnp.maximum(need, 1.0).astype(jnp.int32)
+    i = jnp.minimum(jnp.sum(cum < need, dtype=jnp.int32), HIST_BUCKETS - 1)
+    out.append(jnp.where(total > 0, jnp.minimum(edges[i], vmax), 0.0))
+  return jnp.stack(out).astype(jnp.float32)
+
+
+def _finalize(s: SignatureState) -> Signature:
+  """SignatureState -> Signature (pure)."""
+  f32 = jnp.float32
+  cdt = s.row_abs_max.dtype
+  n = s.n
+  nf = n.astype(f32)
+  fl = s.flags
+  nfp = fl[_F_FINITE_PAIR]
+  nfp_c = jnp.maximum(nfp, 1).astype(cdt)
+
+  def share(c):
+    return c.astype(f32) / nf
+
+  abs_max, abs_sqs = _combine_scaled(s.row_abs_max, s.row_abs_sqs)
+  abs_rms = abs_max * jnp.sqrt(abs_sqs / nfp_c)
+  abs_mean = jnp.sum(s.row_abs_sum) / nfp_c
+  rel_rms = s.rel_max * jnp.sqrt(s.rel_sqs / nfp_c)
+  err_mean = s.err_sum / nfp_c
+  safe_rms = jnp.where(abs_rms > 0, abs_rms, 1.0)
+  bias = jnp.where(abs_rms > 0, err_mean / safe_rms, 0.0)
+  mag_bias = jnp.where(rel_rms > 0, s.mag_err_sum / nfp_c / jnp.where(
+      rel_rms > 0, rel_rms, 1.0), 0.0)
+  # ULP histogram from cumulative counts.
+  c = s.ulp_cum
+  ulp_hist = jnp.concatenate([
+      (nfp - c[0])[None], c[:-1] - c[1:], c[-1:]]).astype(jnp.int32)
+  cum = jnp.cumsum(ulp_hist)
+  ulp_pct = []
+  for p in PERCENTILES:
+    need = jnp.maximum(jnp.ceil(nfp.astype(f32) * (p / 100.0)), 1.0)
+    k = jnp.sum(cum < need.astype(jnp.int32), dtype=jnp.int32)
+    ulp_pct.append(jnp.where(nfp > 0, jnp.exp2(k.astype(f32)) - 1.0, 0.0))
+  rows = s.row_ndiff.shape[0]
+  cols = s.col_ndiff.shape[0]
+  steps_c = jnp.maximum(s.steps, 1).astype(cdt)
+  # Lanes.
+  pad = (-cols) % LANES
+  lane_ndiff = jnp.sum(
+      jnp.pad(s.col_ndiff, (0, pad)).reshape(-1, LANES), axis=0)
+  # Tiles.
+  tot, anyd, alld = [], [], []
+  tile = s.tile_ndiff
+  for ts in TILE_SIZES:
+    k = ts // 8
+    r, cc = tile.shape[0] // k, tile.shape[1] // k
+    if r and cc:
+      m = jnp.sum(tile[:r * k, :cc * k].reshape(r, k, cc, k), axis=(1, 3))
+      full = ts * ts * s.steps
+      tot.append(jnp.int32(r * cc))
+      anyd.append(jnp.sum(m > 0, dtype=jnp.int32))
+      alld.append(jnp.sum(m == full, dtype=jnp.int32))
+    else:
+      tot.append(jnp.int32(0))
+      anyd.append(jnp.int32(0))
+      alld.append(jnp.int32(0))
+  # Scale.
+  nr = fl[_F_RATIO_OK]
+  has_r = nr > 0
+  mean_log = s.logratio_sum / jnp.maximum(nr, 1).astype(cdt)
+  sign = jnp.where(s.ratio_max < 0, -1.0, 1.0)
+  scale = jnp.where(has_r, sign * jnp.exp2(mean_log), 1.0)
+  spread = jnp.where(
+      has_r, (s.ratio_max - s.ratio_min) / jnp.where(has_r, jnp.abs(scale),
+                                                      1.0), 0.0)
+  spread = jnp.where(jnp.isnan(spread), jnp.inf, spread)
+  # Slope of log2|d| on log2|g|.
+  nl = fl[_F_LOG_OK].astype(cdt)
+  nl1 = jnp.maximum(nl, 1.0)
+  sx, sy, sxy, sxx, syy = (s.slope_sums[i] for i in range(5))
+  cxy = sxy / nl1 - (sx / nl1) * (sy / nl1)
+  cxx = jnp.maximum(sxx / nl1 - (sx / nl1) ** 2, 0.0)
+  cyy = jnp.maximum(syy / nl1 - (sy / nl1) ** 2, 0.0)
+  okx = (nl >= 2) & (cxx > 1e-6)
+  slope = jnp.where(okx, cxy / jnp.where(okx, cxx, 1.0), 0.0)
+  oky = okx & (cyy > 1e-6)
+  corr = jnp.where(oky, cxy / jnp.sqrt(jnp.where(oky, cxx * cyy, 1.0)), 0.0)
+  corr = jnp.clip(corr, -1.0, 1.0)
+  # Shifts.
+  def shares(m, nn):
+    return jnp.where(nn > 0, m.astype(f32) / jnp.maximum(nn, 1).astype(f32),
+                     0.0)
+  col_sh = shares(s.shift_col_match, s.shift_col_n)
+  row_sh = shares(s.shift_row_match, s.shift_row_n)
+
+  def best(sh):
+    masked = sh.at[SHIFT_RANGE].set(-1.0)
+    i = jnp.argmax(masked)
+    return jnp.where(masked[i] > sh[SHIFT_RANGE], i - SHIFT_RANGE,
+                     0).astype(jnp.int32)
+  # Reference.
+  has_ref = s.ref_steps > 0
+  nref = jnp.maximum(s.ref_n, 1).astype(cdt)
+  rt_rms = s.ref_t_max * jnp.sqrt(s.ref_t_sqs / nref)
+  rg_rms = s.ref_g_max * jnp.sqrt(s.ref_g_sqs / nref)
+  ratio = jnp.where(rg_rms > 0, rt_rms / jnp.where(rg_rms > 0, rg_rms, 1.0),
+                    jnp.where(rt_rms > 0, jnp.inf, 1.0))
+  nan = jnp.asarray(jnp.nan, f32)
+
+  def refv(x):
+    return jnp.where(has_ref, x.astype(f32), nan)
+
+  return Signature(
+      n=n,
+      n_bit_equal=fl[_F_BIT_EQUAL],
+      n_value_equal=fl[_F_VALUE_EQUAL],
+      n_nan_test=fl[_F_NAN_T],
+      n_nan_golden=fl[_F_NAN_G],
+      n_inf_test=fl[_F_INF_T],
+      n_inf_golden=fl[_F_INF_G],
+      n_finite_pairs=nfp,
+      n_nonfinite_new=fl[_F_NONFINITE_NEW],
+      n_zeroed=fl[_F_ZEROED],
+      n_flushed=fl[_F_FLUSHED],
+      n_golden_subnormal=fl[_F_GOLDEN_SUBNORMAL],
+      n_saturated=fl[_F_SATURATED],
+      n_saturated_fp16=fl[_F_SAT_FP16],
+      n_saturated_fp8_e4m3=fl[_F_SAT_E4M3],
+      n_sign_flip=fl[_F_SIGN_FLIP],
+      n_err_pos=fl[_F_POS_ERR],
+      n_err_neg=fl[_F_NEG_ERR],
+      n_mag_larger=fl[_F_MAG_LARGER],
+      n_mag_smaller=fl[_F_MAG_SMALLER],
+      n_golden_zero=fl[_F_GOLDEN_ZERO],
+      n_overflow=fl[_F_OVERFLOW],
+      dtype_code=s.dtype_code,
+      share_differ=share(n - fl[_F_BIT_EQUAL]),
+      repr_test=s.repr_t.astype(f32) / s.sample_n.astype(f32),
+      repr_golden=s.repr_g.astype(f32) / s.sample_n.astype(f32),
+      abs_max=abs_max.astype(f32),
+      abs_mean=abs_mean.astype(f32),
+      abs_rms=abs_rms.astype(f32),
+      rel_max=s.rel_max.astype(f32),
+      rel_mean=(s.rel_sum / nfp_c).astype(f32),
+      rel_rms=rel_rms.astype(f32),
+      abs_pct=_hist_pct(s.hist_abs, s.pct_n, abs_max.astype(f32)),
+      rel_pct=_hist_pct(s.hist_rel, s.pct_n, s.rel_max.astype(f32)),
+      err_mean=err_mean.astype(f32),
+      bias=bias.astype(f32),
+      mag_bias=mag_bias.astype(f32),
+      golden_absmax=s.g_absmax.astype(f32),
+      golden_rms=(s.g_absmax * jnp.sqrt(s.g_sqs / nfp_c)).astype(f32),
+      ulp_hist=ulp_hist,
+      ulp_pct=jnp.stack(ulp_pct).astype(f32),
+      bits_xor=s.bits_up + s.bits_down,
+      bits_up=s.bits_up,
+      bits_down=s.bits_down,
+      row_ndiff=s.row_ndiff,
+      row_abs_max=s.row_abs_max.astype(f32),
+      row_abs_mean=(s.row_abs_sum / (cols * steps_c)).astype(f32),
+      col_ndiff=s.col_ndiff,
+      col_abs_mean=(s.col_abs_sum / (rows * steps_c)).astype(f32),
+      lane_ndiff=lane_ndiff,
+      tile_ndiff=s.tile_ndiff,
+      tiles_total=jnp.stack(tot) * s.steps,
+      tiles_any=jnp.stack(anyd),
+      tiles_all=jnp.stack(alld),
+      scale=scale.astype(f32),
+      scale_spread=spread.astype(f32),
+      err_slope=slope.astype(f32),
+      err_corr=corr.astype(f32),
+      is_permutation=jnp.all(s.hash_t == s.hash_g) & (fl[_F_BIT_EQUAL] < n),
+      shift_col_share=col_sh,
+      shift_row_share=row_sh,
+      best_shift_col=best(col_sh),
+      best_shift_row=best(row_sh),
+      transpose_share=shares(s.transpose_match, s.transpose_n),
+      has_reference=has_ref,
+      ref_test_abs_max=refv(s.ref_t_max),
+      ref_test_abs_rms=refv(rt_rms),
+      ref_golden_abs_max=refv(s.ref_g_max),
+      ref_golden_abs_rms=refv(rg_rms),
+      ref_test_rel_mean=refv(s.ref_t_rel_sum / nref),
+      ref_golden_rel_mean=refv(s.ref_g_rel_sum / nref),
+      noise_ratio=refv(ratio),
+      share_test_closer=refv(s.ref_t_closer.astype(f32) / nref),
+      share_golden_closer=refv(s.ref_g_closer.astype(f32) / nref),
+  )
+
+
+# --------------------------------------------------------------------------
+# Jitted entry points.
+# --------------------------------------------------------------------------
+
+
+def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
+                   ref_lo: Array | None = None) -> Signature:
+  """Pure, traceable form of `analyze` (no validation; use inside jit).
+
+  Args:
+    t: test record (validated dtype and shape; see `analyze`).
+    g: golden record.
+    ref_hi: optional float32 high part of the float64 reference.
+    ref_lo: optional float32 low part (reference = ref_hi + ref_lo).
+
+  Returns:
+    The `Signature`.
+  """
+  return _finalize(_accumulate(t, g, ref_hi, ref_lo))
+
+
+# The statistics pass and the (cheap) finalization are compiled separately
+# so that `analyze`, the streaming form and the reference form share them.
+_accumulate_jit = jax.jit(lambda t, g: _accumulate(t, g, None, None))
+_accumulate_ref_jit = jax.jit(_accumulate)
+_finalize_jit = jax.jit(_finalize)
+_merge_jit = jax.jit(_merge)
+_batch_accumulate_jit = jax.jit(
+    jax.vmap(lambda t, g: _accumulate(t, g, None, None)))
+_batch_accumulate_ref_jit = jax.jit(jax.vmap(_accumulate))
+_batch_finalize_jit = jax.jit(jax.vmap(_finalize))
+
+
+def _x64_scope(dtype):
+  """float64 records need x64 inside the trace (scoped, not global)."""
+  if np.dtype(dtype) == np.float64:
+    return jax.enable_x64(True)
+  return _Null()
+
+
+class _Null:
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *a):
+    return False
+
+
+def _as_array(x, dtype):
+  if isinstance(x, jax.Array):
+    return x
+  return jnp.asarray(np.asarray(x), dtype=dtype)
+
+
+def analyze(test, golden, reference=None) -> Signature:
+  """Signature of the pseudo-error `test - golden` at one site and step.
+
+  One jit-compiled pass (`_accumulate`) computes every statistic; a small
+  jit-compiled finalization (O(rows + columns) work) derives the fields. A
+  second call with the same shape and dtype reuses both executables.
+
+  Args:
+    test: output of the kernel under test (float32, bfloat16, float16 or
+      float64 array, any shape with at least one element).
+    golden: output of the golden kernel on identical inputs; same shape and
+      dtype as `test`.
+    reference: optional float64 (or any float) array of the same shape: the
+      same operation computed in float64 (see `peat_jax._reference`). Adds
+      the noise-floor fields.
+
+  Returns:
+    A `Signature` of scalar/array fields (see its docstring and
+    docs/signature.md).
+
+  Raises:
+    PeatError: unsupported dtype, dtype or shape mismatch, empty arrays.
+
+  >>> import jax.numpy as jnp, peat_jax as peat
+  >>> g = jnp.linspace(1.0, 2.0, 64, dtype=jnp.float32)
+  >>> int(peat.analyze(g, g).n_bit_equal)
+  64
+  """
+  shape, dtype = _check_pair(test, golden, batched=False)
+  with _x64_scope(dtype):
+    t = _as_array(test, dtype)
+    g = _as_array(golden, dtype)
+    if reference is None:
+      return _finalize_jit(_accumulate_jit(t, g))
+    hi, lo = _split_reference(reference, shape, batched=False)
+    return _finalize_jit(_accumulate_ref_jit(t, g, hi, lo))
+
+
+def analyze_batch(tests, goldens, references=None) -> Signature:
+  """Signatures of many records of one shape/dtype in one compiled call.
+
+  Args:
+    tests: array of shape (B, *record_shape): KUT outputs of B (site, step)
+      records.
+    goldens: golden outputs, same shape and dtype.
+    references: optional float64 array (B, *record_shape).
+
+  Returns:
+    A `Signature` whose every field has a leading axis of size B.
+
+  Raises:
+    PeatError: as `analyze`, or a missing batch axis.
+  """
+  shape, dtype = _check_pair(tests, goldens, batched=True)
+  with _x64_scope(dtype):
+    t = _as_array(tests, dtype)
+    g = _as_array(goldens, dtype)
+    if references is None:
+      return _batch_finalize_jit(_batch_accumulate_jit(t, g))
+    hi, lo = _split_reference(references, shape, batched=True)
+    return _batch_finalize_jit(_batch_accumulate_ref_jit(t, g, hi, lo))
+
+
+def signature_init(shape, dtype) -> SignatureState:
+  """Empty streaming state for records of `shape` and `dtype`.
+
+  Args:
+    shape: record shape (tuple of ints, at least one element).
+    dtype: record dtype (float32, bfloat16, float16, float64).
+
+  Returns:
+    The identity `SignatureState` (merging it changes nothing).
+
+  Raises:
+    PeatError: unsupported dtype or empty shape.
+  """
+  dtype = _check_dtype(dtype, "dtype")
+  shape = tuple(int(s) for s in shape)
+  if math.prod(shape) == 0:
+    raise PeatError(f"record shape {shape} has no elements; expected at "
+                    "least 1. Fix: skip sites whose output is empty.")
+  with _x64_scope(dtype):
+    z = jnp.zeros(shape, dtype)
+    proto = jax.eval_shape(
+        lambda a, b: _accumulate(a, b, None, None), z, z)
+    state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), proto)
+    cdt = state.row_abs_max.dtype
+    state = state._replace(
+        steps=jnp.int32(0), n=jnp.int32(0),
+        ratio_min=jnp.asarray(jnp.inf, cdt),
+        ratio_max=jnp.asarray(-jnp.inf, cdt))
+  return state
+
+
+def signature_update(state: SignatureState, test, golden,
+                     reference=None) -> SignatureState:
+  """Merges one record (site, step) into a streaming state.
+
+  Pure: returns a new state; jit-compiled once per shape and dtype.
+
+  Args:
+    state: from `signature_init` or a previous `signature_update`.
+    test: KUT output of this step.
+    golden: golden output of this step.
+    reference: optional float64 reference of this step.
+
+  Returns:
+    The updated `SignatureState`.
+
+  Raises:
+    PeatError: shape or dtype differ from the state's.
+  """
+  shape, dtype = _check_pair(test, golden, batched=False)
+  rows, cols = _view2d(shape)
+  have = (state.row_ndiff.shape[0], state.col_ndiff.shape[0])
+  if have != (rows, cols):
+    raise PeatError(
+        f"record shape {shape} (2-D view {(rows, cols)}) does not match the "
+        f"state's 2-D view {have}. Fix: keep one state per site (records of "
+        "one shape).")
+  if _bits_of(dtype) != state.bits_up.shape[0]:
+    raise PeatError(
+        f"record dtype {dtype} has {_bits_of(dtype)} bits; the state was made"
+        f" for {state.bits_up.shape[0]}-bit records. Fix: keep one state per "
+        "site and dtype.")
+  with _x64_scope(dtype):
+    t = _as_array(test, dtype)
+    g = _as_array(golden, dtype)
+    if reference is None:
+      return _merge_jit(state, _accumulate_jit(t, g))
+    hi, lo = _split_reference(reference, shape, batched=False)
+    return _merge_jit(state, _accumulate_ref_jit(t, g, hi, lo))
+
+
+def signature_finalize(state: SignatureState) -> Signature:
+  """Signature of everything merged into `state`.
+
+  Counts and histograms are totals over the merged records; means, RMS and
+  shares are over all merged elements. Per-row/column means are per record.
+
+  Args:
+    state: a `SignatureState` with at least one update.
+
+  Returns:
+    A `Signature`.
+
+  Raises:
+    PeatError: if the state holds no record.
+  """
+  if int(state.steps) == 0:
+    raise PeatError("signature_finalize: the state holds no record "
+                    "(steps == 0); expected at least one signature_update. "
+                    "Fix: update before finalizing.")
+  with _x64_scope(state.row_abs_max.dtype):
+    return _finalize_jit(state)
