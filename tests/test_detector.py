@@ -1,0 +1,177 @@
+"""Tests of the Detector on errors of known cause, built by hand.
+
+The calibration suite (tests/test_calibration.py) covers the injectors and
+the native kernel variants on captured training inputs.
+"""
+
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import peat_jax as peat
+from peat_jax._analyzer import analyze
+from peat_jax._detector import detect, detect_batch, verdict
+
+
+def _matmul_case(seed):
+  rng = np.random.default_rng(seed)
+  a = rng.standard_normal((96, 160)).astype(np.float32)
+  b = rng.standard_normal((160, 128)).astype(np.float32)
+  return a, b, a @ b, a.astype(np.float64) @ b.astype(np.float64)
+
+
+def _flip(g, rng, count, bit):
+  t = g.copy().view(np.uint32)
+  t.flat[rng.choice(g.size, count, replace=False)] ^= np.uint32(1 << bit)
+  return t.view(np.float32)
+
+
+def _stuck(g, rng, count, bit):
+  t = g.copy().view(np.uint32)
+  t.flat[rng.choice(g.size, count, replace=False)] |= np.uint32(1 << bit)
+  return t.view(np.float32)
+
+
+def _bf16(x):
+  return x.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def _make(kind, a, b, g, rng):
+  if kind == "exact":
+    return g.copy()
+  if kind == "reordering":
+    return a[:, :80] @ b[:80] + a[:, 80:] @ b[80:]
+  if kind == "precision:bf16":
+    return _bf16(g)
+  if kind == "precision:bf16 inputs":
+    return _bf16(a) @ _bf16(b)
+  if kind == "truncation":
+    return (g.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
+  if kind == "bitflip":
+    return _flip(g, rng, 3, int(rng.integers(12, 30)))
+  if kind == "stuck_at":
+    return _stuck(g, rng, 300, int(rng.integers(0, 23)))
+  if kind == "lane":
+    t = g.copy()
+    t[:, int(rng.integers(0, 32))::32] *= 3.0
+    return t
+  if kind == "zero":
+    t = g.copy()
+    t[32:48, 64:80] = 0.0
+    return t
+  if kind == "scale":
+    return g * np.float32(0.75)
+  if kind == "indexing":
+    return np.roll(g, 2, axis=1)
+  if kind == "nan":
+    t = g.copy()
+    t.flat[rng.choice(g.size, 5, replace=False)] = np.inf
+    return t
+  if kind == "random_value":
+    t = g.copy()
+    t.flat[rng.choice(g.size, 7, replace=False)] = rng.uniform(-50, 50, 7)
+    return t
+  raise ValueError(kind)
+
+
+EXPECTED = {
+    "exact": ("exact", "pass"), "reordering": ("reordering", "pass"),
+    "precision:bf16": ("precision:bf16", "warn"),
+    "precision:bf16 inputs": ("precision:bf16", "warn"),
+    "truncation": ("truncation", "warn"), "bitflip": ("bitflip", "fail"),
+    "stuck_at": ("stuck_at", "fail"), "lane": ("lane", "fail"),
+    "zero": ("zero", "fail"), "scale": ("scale", "fail"),
+    "indexing": ("indexing", "fail"), "nan": ("nan", "fail"),
+    "random_value": ("random_value", "fail"),
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("kind", sorted(EXPECTED))
+def test_known_cause_is_named_with_evidence(kind, seed):
+  a, b, g, r = _matmul_case(seed)
+  rng = np.random.default_rng(100 + seed)
+  t = _make(kind, a, b, g, rng).astype(np.float32)
+  diag = detect(analyze(jnp.asarray(t), jnp.asarray(g), r))
+  model, grade = EXPECTED[kind]
+  assert diag.model == model, (diag.model, diag.evidence, diag.candidates)
+  assert diag.verdict == grade
+  assert 0.0 < diag.confidence <= 1.0
+  assert any(ch.isdigit() for ch in diag.evidence)  # numbers behind it
+  assert diag.candidates[0].model == diag.model
+
+
+def test_inferred_parameters():
+  a, b, g, r = _matmul_case(5)
+  rng = np.random.default_rng(7)
+  d = detect(analyze(jnp.asarray(_flip(g, rng, 4, 21)), jnp.asarray(g), r))
+  assert d.model == "bitflip" and d.params["bits"] == [21]
+  d = detect(analyze(jnp.asarray(_stuck(g, rng, 400, 9)), jnp.asarray(g), r))
+  assert (d.params["bit"], d.params["polarity"]) == (9, 1)
+  d = detect(analyze(jnp.asarray(np.roll(g, -3, axis=1)), jnp.asarray(g)))
+  assert d.params == {"kind": "shift", "axis": "columns", "shift": -3}
+  d = detect(analyze(jnp.asarray(g * np.float32(2.0)), jnp.asarray(g)))
+  assert d.params["factor"] == 2.0
+  t = g.copy()
+  t[:, 5::32] = 0.0
+  d = detect(analyze(jnp.asarray(t), jnp.asarray(g)))
+  assert d.params == {"stride": 32, "lane": 5, "what": "zeroed"}
+
+
+def test_transpose_is_indexing():
+  rng = np.random.default_rng(3)
+  g = rng.standard_normal((64, 64)).astype(np.float32)
+  d = detect(analyze(jnp.asarray(g.T.copy()), jnp.asarray(g)))
+  assert (d.model, d.params["kind"]) == ("indexing", "transpose")
+
+
+def test_nondeterminism_from_a_repeat_signature():
+  a, b, g, r = _matmul_case(4)
+  t1 = a[:, :80] @ b[:80] + a[:, 80:] @ b[80:]
+  t2 = a[:, 80:] @ b[80:] + a[:, :80] @ b[:80]
+  t2 = (a[:, :40] @ b[:40] + a[:, 40:] @ b[40:]).astype(np.float32)
+  sig = analyze(jnp.asarray(t1), jnp.asarray(g), r)
+  rep = analyze(jnp.asarray(t2), jnp.asarray(t1))
+  d = detect(sig, repeat=rep)
+  assert d.model == "nondeterminism" and d.verdict == "warn"
+  same = detect(sig, repeat=analyze(jnp.asarray(t1), jnp.asarray(t1)))
+  assert same.model == "reordering"
+
+
+def test_16_bit_records_need_or_infer_a_dtype():
+  rng = np.random.default_rng(0)
+  g = rng.standard_normal((32, 64)).astype(ml_dtypes.bfloat16)
+  t = g.copy().view(np.uint16)
+  t.flat[[3, 70, 400]] ^= np.uint16(1 << 12)
+  sig = analyze(jnp.asarray(t.view(ml_dtypes.bfloat16)), jnp.asarray(g))
+  d = detect(sig, dtype=jnp.bfloat16)
+  assert d.model == "bitflip" and d.params["bits"] == [12]
+  with pytest.raises(peat.PeatError, match="float32, float64, bfloat16"):
+    detect(sig, dtype=np.int32)
+
+
+def test_batch_and_verdict():
+  a, b, g, r = _matmul_case(9)
+  rng = np.random.default_rng(1)
+  tests = np.stack([g, _bf16(g), _flip(g, rng, 2, 25)])
+  goldens = np.stack([g, g, g])
+  from peat_jax._analyzer import analyze_batch
+  diags = detect_batch(analyze_batch(jnp.asarray(tests), jnp.asarray(goldens)))
+  assert [d.model for d in diags] == ["exact", "precision:bf16", "bitflip"]
+  v = verdict({("fwd/a", 0): diags[0], ("fwd/b", 0): diags[1],
+               ("fwd/c", 0): diags[2]})
+  assert v.verdict == "fail" and v.deciding == (("fwd/c", 0),)
+  assert verdict(diags[:2]).verdict == "warn"
+  assert verdict(diags[:1]).verdict == "pass"
+  with pytest.raises(peat.PeatError, match="at least one"):
+    verdict({})
+
+
+def test_bad_input():
+  with pytest.raises(peat.PeatError, match="Signature from peat_jax.analyze"):
+    detect(np.zeros(3))
+  from peat_jax._analyzer import analyze_batch
+  x = jnp.ones((2, 4, 4))
+  with pytest.raises(peat.PeatError, match="detect_batch"):
+    detect(analyze_batch(x, x))
