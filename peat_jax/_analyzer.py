@@ -163,11 +163,16 @@ class SignatureState(NamedTuple):
   ref_g_rel_sum: Array
   ref_t_closer: Array  # int32: |t - r| < |g - r|
   ref_g_closer: Array  # int32: |g - r| < |t - r|
+  ref_t_shrunk: Array  # int32: |t| < |r| (t moved toward zero from r)
+  ref_t_grown: Array  # int32: |t| > |r|
+  ref_g_shrunk: Array  # int32: |g| < |r|
+  ref_g_grown: Array  # int32: |g| > |r|
+  zeroed_g_max: Array  # max |g| over zeroed elements (t == 0, g != 0)
 
 
 # Merge rules (default: add).
 _MAX_FIELDS = ("dtype_code", "row_abs_max", "rel_max", "g_absmax", "ratio_max", "ref_t_max",
-               "ref_g_max")
+               "ref_g_max", "zeroed_g_max")
 _MIN_FIELDS = ("ratio_min",)
 _SCALED = (("row_abs_sqs", "row_abs_max"), ("rel_sqs", "rel_max"),
            ("g_sqs", "g_absmax"), ("ref_t_sqs", "ref_t_max"),
@@ -282,6 +287,12 @@ class Signature(NamedTuple):
       floor.
     share_test_closer, share_golden_closer: share of elements where t (g)
       is strictly closer to r.
+    ref_test_shrunk, ref_test_grown, ref_golden_shrunk, ref_golden_grown:
+      share of elements (t, g, r finite, r != 0) where |t| < |r| / |t| > |r|
+      (and the same for g): round toward zero gives ref_test_grown = 0.
+    zeroed_golden_absmax: max |g| over the zeroed elements (t == 0, g
+      finite and nonzero), 0 when none: below a format's smallest normal,
+      the zeros are flushes (`ftz`), not missed writes.
     The ref_* fields, noise_ratio and the share_*_closer fields are NaN
     when no reference was given.
   """
@@ -360,6 +371,11 @@ class Signature(NamedTuple):
   noise_ratio: Array
   share_test_closer: Array
   share_golden_closer: Array
+  ref_test_shrunk: Array
+  ref_test_grown: Array
+  ref_golden_shrunk: Array
+  ref_golden_grown: Array
+  zeroed_golden_absmax: Array
 
 
 # --------------------------------------------------------------------------
@@ -1030,12 +1046,26 @@ def _accumulate(t: Array, g: Array, ref_hi: Array | None,
         ref_g_rel_sum=jnp.sum(jnp.minimum(eg / den, big)),
         ref_t_closer=jnp.sum(ok & (et < eg), dtype=jnp.int32),
         ref_g_closer=jnp.sum(ok & (eg < et), dtype=jnp.int32))
+    # Direction of each side's error relative to r: toward zero (|x| < |r|)
+    # or away from it. Round toward zero moves every element toward zero.
+    pos = hi > 0
+    for side, x in (("t", tc), ("g", gc)):
+      dx = (x - hi) - lo
+      moved = ok & (hi != 0) & (dx != 0)
+      ref[f"ref_{side}_shrunk"] = jnp.sum(moved & ((dx < 0) == pos),
+                                          dtype=jnp.int32)
+      ref[f"ref_{side}_grown"] = jnp.sum(moved & ((dx > 0) == pos),
+                                         dtype=jnp.int32)
   else:
     z = jnp.zeros((), cdt)
-    ref = dict(ref_steps=jnp.int32(0), ref_n=jnp.int32(0), ref_t_max=z,
+    zi = jnp.int32(0)
+    ref = dict(ref_steps=zi, ref_n=zi, ref_t_max=z,
                ref_t_sqs=z, ref_g_max=z, ref_g_sqs=z, ref_t_rel_sum=z,
-               ref_g_rel_sum=z, ref_t_closer=jnp.int32(0),
-               ref_g_closer=jnp.int32(0))
+               ref_g_rel_sum=z, ref_t_closer=zi, ref_g_closer=zi,
+               ref_t_shrunk=zi, ref_t_grown=zi, ref_g_shrunk=zi,
+               ref_g_grown=zi)
+  zeroed = fin_g & (g != 0) & (t == 0)
+  ref["zeroed_g_max"] = jnp.max(jnp.where(zeroed, jnp.abs(gc), 0.0))
 
   return SignatureState(
       steps=jnp.int32(1), dtype_code=jnp.int32(
@@ -1270,6 +1300,11 @@ def _finalize(s: SignatureState) -> Signature:
       noise_ratio=refv(ratio),
       share_test_closer=refv(s.ref_t_closer.astype(f32) / nref),
       share_golden_closer=refv(s.ref_g_closer.astype(f32) / nref),
+      ref_test_shrunk=refv(s.ref_t_shrunk.astype(f32) / nref),
+      ref_test_grown=refv(s.ref_t_grown.astype(f32) / nref),
+      ref_golden_shrunk=refv(s.ref_g_shrunk.astype(f32) / nref),
+      ref_golden_grown=refv(s.ref_g_grown.astype(f32) / nref),
+      zeroed_golden_absmax=s.zeroed_g_max.astype(f32),
   )
 
 

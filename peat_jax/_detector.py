@@ -297,6 +297,12 @@ def _rule_scale(f: _Facts) -> list[Candidate]:
   return []
 
 
+#: Smallest normal magnitude of each format: values below it are subnormal
+#: there, and a flush-to-zero mode returns 0 for them.
+MIN_NORMAL = {"fp32": 2.0**-126, "bf16": 2.0**-126, "fp16": 2.0**-14,
+              "fp8_e5m2": 2.0**-14, "fp8_e4m3": 2.0**-6}
+
+
 def _rule_ftz(f: _Facts) -> list[Candidate]:
   s = f.s
   flushed = int(s["n_flushed"])
@@ -305,7 +311,21 @@ def _rule_ftz(f: _Facts) -> list[Candidate]:
         "ftz", 0.95,
         f"{flushed} of {f.ndiff} differing elements are golden subnormals "
         f"returned as zero ({int(s['n_golden_subnormal'])} golden "
-        "subnormals in all)", {"flushed": flushed})]
+        "subnormals in all)", {"flushed": flushed, "format": f.work})]
+  zeroed = int(s["n_zeroed"])
+  gmax = float(s.get("zeroed_golden_absmax", math.inf))
+  if zeroed and zeroed >= 0.95 * f.ndiff:
+    # Every zeroed value lies below a narrow format's smallest normal: a
+    # flush of values that are subnormal in that format, not missed writes.
+    fits = [k for k, m in MIN_NORMAL.items() if gmax < m]
+    if fits:
+      fmt = min(fits, key=lambda k: MIN_NORMAL[k])
+      return [Candidate(
+          "ftz", 0.96,
+          f"{zeroed} of {f.ndiff} differing elements became 0 and all of "
+          f"them are below {MIN_NORMAL[fmt]:.3g}, the smallest normal of "
+          f"{fmt} (largest zeroed |golden| {gmax:.3g}): subnormals flushed "
+          f"in {fmt}", {"flushed": zeroed, "format": fmt})]
   return []
 
 
@@ -414,8 +434,15 @@ def _rule_sparse(f: _Facts) -> list[Candidate]:
   # the output scale; a fault is far outside it.
   grms = float(s["golden_rms"]) or 1.0
   outlier = float(s["abs_max"]) / grms
-  if outlier <= 64 * f.u and f.bits_per_diff <= 3:
-    return []  # indistinguishable from rounding noise: left to precision
+  # Largest ULP distance: the top nonempty bucket k of ulp_hist holds
+  # distances in [2**(k-1), 2**k). Rounding noise moves values by a few
+  # ULPs; a flip of mantissa bit b moves one by exactly 2**b ULPs.
+  hist = np.asarray(s["ulp_hist"])
+  top = int(np.nonzero(hist)[0][-1]) if hist.any() else 0
+  max_ulp = 2.0 ** (top - 1) if top else 0.0
+  nonfinite = int(s["n_nonfinite_new"]) > 0
+  if max_ulp < 8 and not nonfinite:
+    return []  # within a few ULPs: rounding-sized, left to the level rules
   bits = [int(k) for k in np.nonzero(f.xor)[0]]
   if f.bits_per_diff <= 3.0:
     fields = sorted({f.field_of_bit(k) for k in bits})
@@ -423,8 +450,8 @@ def _rule_sparse(f: _Facts) -> list[Candidate]:
         "bitflip", 0.9,
         f"{f.ndiff} elements ({_pct(f.share)}) differ in "
         f"{f.bits_per_diff:.2g} bits each on average, at bit positions "
-        f"{bits[:8]} ({', '.join(fields)}); max error {outlier:.3g} x RMS "
-        "golden", {"count": f.ndiff, "bits": bits})]
+        f"{bits[:8]} ({', '.join(fields)}); up to {max_ulp:.3g}+ ULPs, max "
+        f"error {outlier:.3g} x RMS golden", {"count": f.ndiff, "bits": bits})]
   return [Candidate(
       "random_value", 0.85,
       f"{f.ndiff} elements ({_pct(f.share)}) hold unrelated values: "
@@ -487,6 +514,23 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
     # The coarsest format the output fits (fp8 before fp16 before bf16).
     narrowest = max(narrow, key=lambda k: UNIT_ROUNDOFF[k])
 
+  # Truncation against the float64 reference: the KUT never lands above
+  # the exact magnitude while the golden kernel (round to nearest) does as
+  # often as below. Needs the reference: against golden, the KUT's
+  # truncation of an exact result looks like noise of either sign.
+  if f.has_ref and f.ndiff >= 16:
+    t_up, t_dn = float(s["ref_test_grown"]), float(s["ref_test_shrunk"])
+    g_up, g_dn = float(s["ref_golden_grown"]), float(s["ref_golden_shrunk"])
+    if t_up <= 0.01 * (t_up + t_dn) and t_dn >= 0.2 and g_up >= 0.25 * (
+        g_up + g_dn):
+      fmt = narrowest or f.work
+      out.append(Candidate(
+          "truncation", 0.93,
+          f"against the float64 reference {_pct(t_dn)} of outputs are "
+          f"smaller in magnitude and {_pct(t_up)} larger (golden: "
+          f"{_pct(g_dn)} / {_pct(g_up)}): results rounded toward zero",
+          {"format": fmt, "against": "reference"}))
+      return out
   # Truncation: every changed magnitude went down, over many elements.
   if f.ndiff >= 16 and f.larger <= 0.01 * f.ndiff and f.smaller > 0:
     fmt = narrowest or f.work
@@ -501,25 +545,20 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
 
   if narrowest is not None:
     u = UNIT_ROUNDOFF[narrowest]
-    # A final rounding to nearest leaves a median relative error of about
-    # u/2 (values below the format's normal range are coarser, so the
-    # median, not the max, is compared); K roundings of a running sum leave
-    # about 0.3 sqrt(K) u. With K known the closer prediction wins; without
-    # it, a median above u means more than one rounding.
-    reduction = f.context.get("reduction")
-    if reduction:
-      acc_level = ACCUMULATION_LEVEL * math.sqrt(float(reduction)) * u
-      d_prec = abs(math.log2(max(f.rel_med, 1e-300) / (0.5 * u)))
-      d_acc = abs(math.log2(max(f.rel_med, 1e-300) / acc_level))
-      is_acc = d_acc < d_prec
-    else:
-      is_acc = f.rel_med > u
+    # One rounding to nearest into fmt leaves every relative error <= u and
+    # a median near 3u/8 (a uniform position within the last place, over a
+    # log-uniform spread of significands); a running sum rounded at every
+    # add leaves more. A median above 3u/4 is therefore more than one
+    # rounding. (The median, not the max, is compared: values below the
+    # format's normal range round more coarsely.)
+    is_acc = f.rel_med > 0.75 * u
     if not is_acc:
       out.append(Candidate(
           f"precision:{narrowest}", 0.95,
           f"{_pct(repr_t[narrowest])} of outputs are exact {narrowest} "
           f"values (golden {_pct(repr_g[narrowest])}) and the median relative "
-          f"error {f.rel_med:.3g} is about u({narrowest})/2 = {u / 2:.3g}: "
+          f"error {f.rel_med:.3g} is within one rounding (<= 3u/4 = "
+          f"{0.75 * u:.3g}): "
           f"outputs rounded to {narrowest}",
           {"format": narrowest, "where": "output"}))
     else:
@@ -527,7 +566,7 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
           f"accumulation:{narrowest}", 0.85,
           f"{_pct(repr_t[narrowest])} of outputs are exact {narrowest} "
           f"values but the median relative error {f.rel_med:.3g} exceeds "
-          f"one rounding (u({narrowest})/2 = {u / 2:.3g}): partial sums were "
+          f"one rounding (3u/4 = {0.75 * u:.3g}): partial sums were "
           f"kept in {narrowest}", {"format": narrowest}))
     return out
 
@@ -635,6 +674,8 @@ def detect(sig, *, repeat=None, dtype=None,
   for rule in _RULES:
     if cands and cands[0].model == "exact":
       break
+    if rule is _rule_rounding and cands:
+      break  # a structural fault explains it; noise levels would only blur
     cands.extend(rule(f))
   if not cands:
     floor = (f", {f.noise_ratio:.3g}x the golden noise floor"

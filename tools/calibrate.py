@@ -1,0 +1,200 @@
+r"""Detector calibration on site inputs captured from the models' training.
+
+Usage::
+
+  python -m peat_jax.tools.calibrate                  # all kernels, 3 dtypes
+  python -m peat_jax.tools.calibrate --dtypes=float32 --seeds=0 --rows=128
+
+Trains each source model for a few golden steps, taps the forward sites of
+matmul (Linear), convolution, softmax, layer norm, attention and GELU on the
+next batch, and runs :func:`peat_jax._calibration.run_calibration` on those
+inputs: tensor injectors, computation injectors and native kernel variants.
+Prints the confusion matrix, per-model accuracy, false alarms and misses.
+"""
+
+import functools
+import json
+import sys
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+import peat_jax as peat
+from peat_jax import _calibration
+from peat_jax import models
+from peat_jax.kernels import native
+from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL
+from peat_jax.models import layers
+
+_DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16", "float16"],
+                            "Input dtypes of the tensor-injection cases.")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Injection seeds.")
+_ROWS = flags.DEFINE_integer("rows", 256, "Rows kept of each captured input.")
+_WARMUP = flags.DEFINE_integer(
+    "warmup_steps", 30, "Golden steps before capturing site inputs.")
+_JSON = flags.DEFINE_string("json", None, "Write all records to this file.")
+
+# Source models: small enough to capture in seconds, real data and training.
+SOURCES = {
+    "vit": dict(batch_size=32),
+    "gpt": dict(batch_size=8, context=64),
+    "cnn": dict(batch_size=32),
+}
+
+
+def _capture(name: str, overrides: dict, warmup: int, kernels: tuple[str, ...]):
+  """Trains ``warmup`` golden steps, then taps forward sites of ``kernels``."""
+  task = models.get_task(name, **overrides)
+  state = task.init_state(0)
+  for pos in range(warmup):
+    state, _ = task.train_step(state, task.batch_at(pos))
+  step = jax.jit(peat.tap(task.step_fn, *[
+      peat.Substitution(None, kernel=k, phase="fwd") for k in kernels]))
+  _, taps = step(state, task.batch_at(warmup))
+  return taps
+
+
+def _rows(x, rows):
+  x = jnp.asarray(x)
+  return x.reshape(-1, x.shape[-1])[:rows]
+
+
+def _edge_tile(n: int) -> int:
+  """A tile that does not divide ``n``, so the edge-tile bug can show."""
+  for tile in (40, 24, 56, 20, 12, 6):
+    if tile < n and n % tile:
+      return tile
+  return 64
+
+
+def _native(kernel, n: int, **fixed):
+  """``variant -> jitted native KUT``; tiles chosen so each variant shows.
+
+  ``tile_edge_bug`` tiles the output width ``n`` with a tile that does not
+  divide it; ``threaded_nondet`` splits the reduction into chunks of 16 so
+  several threads take part.
+  """
+  def make(variant):
+    fn = native.KERNELS[kernel]
+    extra = {}
+    if variant == "tile_edge_bug":
+      extra["tile"] = _edge_tile(n)
+    elif variant == "threaded_nondet":
+      extra["tile"] = 16
+    return jax.jit(functools.partial(fn, variant=variant, **fixed, **extra))
+  return make
+
+
+def _conv_golden(x, w):
+  return lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def build_cases(rows: int = 256, warmup: int = 30,
+                sources=SOURCES) -> list[_calibration.CalibrationCase]:
+  """Calibration cases from site inputs captured in the models' training.
+
+  Args:
+    rows: keep at most this many rows of each captured input.
+    warmup: golden training steps before capturing.
+    sources: ``{scenario: config overrides}``.
+
+  Returns:
+    The cases.
+  """
+  Case = _calibration.CalibrationCase
+  cases = []
+  for name, overrides in sources.items():
+    if name == "cnn":
+      taps = _capture(name, overrides, warmup, ("conv_general_dilated",))
+      for site, tp in sorted(taps.items()):
+        x, w = tp.inputs
+        k = int(w.shape[0] * w.shape[1] * w.shape[2])
+        if k < 64:  # the first conv (K = 9) reduces too little to tell
+          continue  # accumulation or reordering from one rounding
+        cases.append(Case("conv", f"{name} {site}", _conv_golden,
+                          (x[:8], w), reduction=k,
+                          native=_native("conv2d", int(w.shape[3])),
+                          native_variants=EXPECTED_ERROR_MODEL["conv2d"]))
+      continue
+    taps = _capture(name, overrides, warmup,
+                    ("dot_general", "softmax", "layer_norm", "gelu",
+                     "attention"))
+    picked = {}
+    for site, tp in sorted(taps.items()):
+      kernel = site.split("/")[-1].split(":")[0]
+      if kernel == "dot_general":
+        lhs, rhs = tp.inputs
+        if rhs.ndim != 2 or lhs.shape[-1] != rhs.shape[0] or "Linear" not in site:
+          continue
+        if picked.get(kernel, 0) >= 2:
+          continue
+        picked[kernel] = picked.get(kernel, 0) + 1
+        cases.append(Case("matmul", f"{name} {site}", jnp.matmul,
+                          (_rows(lhs, rows), rhs), reduction=int(rhs.shape[0]),
+                          native=_native("matmul", int(rhs.shape[1])),
+                          native_variants=EXPECTED_ERROR_MODEL["matmul"]))
+      elif kernel in ("softmax", "layer_norm", "gelu", "attention"):
+        if picked.get(kernel):
+          continue
+        picked[kernel] = 1
+        if kernel == "softmax":
+          (x,) = tp.inputs
+          cases.append(Case("softmax", f"{name} {site}", jax.nn.softmax,
+                            (_rows(x, rows),), reduction=int(x.shape[-1]),
+                            native=_native("softmax", int(x.shape[-1])),
+                            native_variants=EXPECTED_ERROR_MODEL["softmax"]))
+        elif kernel == "layer_norm":
+          x, scale, bias = tp.inputs
+          golden = functools.partial(layers.layer_norm.__wrapped__, eps=1e-6)
+          cases.append(Case(
+              "layer_norm", f"{name} {site}", golden,
+              (_rows(x, rows), scale, bias), reduction=int(x.shape[-1]),
+              native=lambda v: jax.jit(functools.partial(
+                  native.layer_norm, eps=1e-6, variant=v)),
+              native_variants=EXPECTED_ERROR_MODEL["layer_norm"]))
+        elif kernel == "gelu":
+          (x,) = tp.inputs
+          cases.append(Case("gelu", f"{name} {site}",
+                            functools.partial(jax.nn.gelu, approximate=False),
+                            (_rows(x, rows),)))
+        else:
+          q, k, v = tp.inputs[:3]
+          mask = tp.inputs[3] if len(tp.inputs) > 3 else None
+          golden = functools.partial(layers.attention.__wrapped__, mask=mask)
+          cases.append(Case("attention", f"{name} {site}", golden,
+                            (q[:4], k[:4], v[:4]), reduction=int(k.shape[1])))
+  return cases
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)
+  cases = build_cases(_ROWS.value, _WARMUP.value)
+  print(f"{len(cases)} captured cases: " + ", ".join(
+      sorted({c.kernel for c in cases})))
+  result = _calibration.run_calibration(
+      cases, dtypes=_DTYPES.value, seeds=[int(s) for s in _SEEDS.value],
+      progress=print)
+  print()
+  for i, label in enumerate(result.labels):
+    print(f"{i:>2d} {label}")
+  print(result.table())
+  print(result.summary())
+  wrong = [r for r in result.records if not _calibration.is_correct(r)]
+  for r in wrong:
+    print(f"  {r.expected:>20s} -> {r.predicted:<20s} {r.origin}:{r.error} "
+          f"{r.kernel} {r.dtype} | {r.evidence[:120]}")
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump([r._asdict() for r in result.records], f, indent=0)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(app.run(main))
