@@ -151,12 +151,19 @@ def build_cases(rows: int = 256, warmup: int = 30,
         elif kernel == "layer_norm":
           x, scale, bias = tp.inputs
           golden = functools.partial(layers.layer_norm.__wrapped__, eps=1e-6)
+          variants = dict(EXPECTED_ERROR_MODEL["layer_norm"])
+          # E[x^2] - E[x]^2 amplifies rounding by about mean^2 / var; below
+          # 16x that stays inside the reordering envelope (benign here).
+          xr = _rows(x, rows)
+          amp = float(jnp.max(jnp.mean(xr, -1) ** 2 / jnp.var(xr, -1)))
+          if amp < 16.0:
+            variants["naive_var"] = "reordering"
           cases.append(Case(
               "layer_norm", f"{name} {site}", golden,
               (_rows(x, rows), scale, bias), reduction=int(x.shape[-1]),
               native=lambda v: jax.jit(functools.partial(
                   native.layer_norm, eps=1e-6, variant=v)),
-              native_variants=EXPECTED_ERROR_MODEL["layer_norm"]))
+              native_variants=variants))
         elif kernel == "gelu":
           (x,) = tp.inputs
           cases.append(Case("gelu", f"{name} {site}",
