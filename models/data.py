@@ -103,6 +103,22 @@ def _join(chunks: list[bytes]) -> np.ndarray:
   return np.frombuffer(SEPARATOR.join(chunks), dtype=np.uint8).copy()
 
 
+def _split(items) -> TextSplits:
+  """``(name, bytes)`` pairs -> splits by ``crc32(name) % 10 == 0``."""
+  parts = {True: ([], []), False: ([], [])}
+  for name, data in items:
+    chunks, names = parts[_is_test(name)]
+    chunks.append(data)
+    names.append(name)
+  return TextSplits(_join(parts[False][0]), _join(parts[True][0]),
+                    tuple(parts[False][1]), tuple(parts[True][1]))
+
+
+def _read(path: str) -> bytes:
+  with open(path, "rb") as f:
+    return f.read()
+
+
 @functools.cache
 def python_source() -> TextSplits:
   """The running interpreter's top-level stdlib ``*.py`` files, split."""
@@ -112,19 +128,7 @@ def python_source() -> TextSplits:
     raise FileNotFoundError(
         f"no *.py files in the standard library directory {stdlib!r}; "
         "the GPT models need the interpreter's stdlib sources")
-  train, test, train_names, test_names = [], [], [], []
-  for path in files:
-    name = os.path.basename(path)
-    with open(path, "rb") as f:
-      data = f.read()
-    if _is_test(name):
-      test.append(data)
-      test_names.append(name)
-    else:
-      train.append(data)
-      train_names.append(name)
-  return TextSplits(_join(train), _join(test), tuple(train_names),
-                    tuple(test_names))
+  return _split((os.path.basename(p), _read(p)) for p in files)
 
 
 @functools.cache
@@ -132,17 +136,8 @@ def english_prose() -> TextSplits:
   """The Python manual's topic texts from ``pydoc_data.topics``, split."""
   from pydoc_data import topics  # pylint: disable=g-import-not-at-top
 
-  train, test, train_names, test_names = [], [], [], []
-  for key in sorted(topics.topics):
-    data = topics.topics[key].encode("utf-8")
-    if _is_test(key):
-      test.append(data)
-      test_names.append(key)
-    else:
-      train.append(data)
-      train_names.append(key)
-  return TextSplits(_join(train), _join(test), tuple(train_names),
-                    tuple(test_names))
+  return _split((key, topics.topics[key].encode("utf-8"))
+                for key in sorted(topics.topics))
 
 
 def classification_batch(data: ArrayDataset, batch_size: int, seed: int,
