@@ -12,6 +12,12 @@ from peat_jax._analyzer import signature_finalize as signature_finalize
 from peat_jax._analyzer import signature_init as signature_init
 from peat_jax._analyzer import signature_pure as signature_pure
 from peat_jax._analyzer import signature_update as signature_update
+from peat_jax._campaign import CampaignPaths as CampaignPaths
+from peat_jax._campaign import PlaybackResult as PlaybackResult
+from peat_jax._campaign import RuntimeResult as RuntimeResult
+from peat_jax._campaign import playback as playback
+from peat_jax._campaign import runtime as runtime
+from peat_jax._campaign import validate as validate
 from peat_jax._checkpoint import saved_steps as saved_steps
 from peat_jax._composite import composite as composite
 from peat_jax._composite import composite_call as composite_call
@@ -69,5 +75,7 @@ from peat_jax._sites_subst import substitute as substitute
 from peat_jax._sites_subst import tap as tap
 from peat_jax._train_state import TrainState as TrainState
 from peat_jax._train_state import TrainTask as TrainTask
+from peat_jax.kernels.kut import register_kut as register_kut
+from peat_jax.kernels.kut import resolve_kut as resolve_kut
 
 __version__ = "0.1.0"

@@ -9,9 +9,12 @@ VENV="${PEAT_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.peat_install_stamp"
 
-want="$(cat "$ROOT/pyproject.toml" "$ROOT/setup.py" \
-        $(ls "$ROOT"/peat_jax/kernels/csrc/* 2>/dev/null | sort) 2>/dev/null \
-        | sha256sum | cut -d' ' -f1)"
+# Hash of everything the install depends on (sources of the native build
+# included, recursively), so a change re-installs.
+want="$( { cat "$ROOT/pyproject.toml" "$ROOT/setup.py";
+           find "$ROOT/peat_jax/kernels/csrc" -type f | LC_ALL=C sort | xargs cat; } \
+        | sha256sum | cut -d' ' -f1)" \
+  || { echo "[peat] cannot hash the install inputs under $ROOT" >&2; exit 1; }
 have="$(cat "$STAMP" 2>/dev/null || true)"
 
 if [[ ! -x "$PY" ]]; then
@@ -25,7 +28,7 @@ if [[ "$want" != "$have" ]]; then
   # Build tools and the pinned jaxlib first, then build without isolation so
   # the FFI headers come from the very jaxlib that runs the kernels.
   "$VENV/bin/pip" install -q --disable-pip-version-check \
-      "setuptools>=69" wheel "jaxlib==0.10.2" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+      "setuptools>=69" wheel "jax==0.10.2" "jaxlib==0.10.2" 2>&1 | grep -v '^WARNING: Location' >&2 || true
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
       -e "$ROOT[test,torch]" 2>&1 | grep -v '^WARNING: Location' >&2 || true
   "$PY" -c "import peat_jax" || { echo "[peat] install failed: see pip output above" >&2; exit 1; }

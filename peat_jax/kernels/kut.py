@@ -1,0 +1,383 @@
+"""KUT registry: spec strings -> site selections and kernel-under-test callables.
+
+A *KUT spec* names a kernel under test and where it runs in a training step:
+
+| spec | sites | KUT |
+| --- | --- | --- |
+| ``golden`` | every forward ``dot_general`` | :data:`peat_jax.GOLDEN` |
+| ``native:matmul:<variant>`` | forward ``dot_general`` | native batched matmul through :func:`dot_general_adapter` |
+| ``native:conv2d:<variant>`` | forward ``conv_general_dilated`` (NHWC/HWIO, no dilation, one group) | native conv2d |
+| ``native:softmax:<variant>`` | composite ``softmax`` sites (forward) | native softmax |
+| ``native:layer_norm:<variant>`` | composite ``layer_norm`` sites (forward) | native layer norm (``eps`` passed through) |
+
+Backward sites keep the golden kernel (``Substitution.backward="golden"``).
+Variants are those of :func:`peat_jax.kernels.native.variants`; a spec may
+end with ``@<tile>`` to set the native kernel's tile
+(``native:matmul:tile_edge_bug@24``).
+
+>>> subs = resolve_kut("native:matmul:acc_bf16")          # doctest: +SKIP
+>>> step = jax.jit(peat.substitute(task.step_fn, *subs))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from peat_jax._errors import PeatError
+from peat_jax._sites_subst import GOLDEN
+from peat_jax._sites_subst import Substitution
+from peat_jax.kernels import _variants
+
+__all__ = ["KutSpec", "dot_general_adapter", "conv_adapter", "known_specs",
+           "parse_kut", "register_kut", "resolve_kut"]
+
+# native kernel -> (site kernel name, phase)
+_SITE_KERNEL = {
+    "matmul": "dot_general",
+    "conv2d": "conv_general_dilated",
+    "softmax": "softmax",
+    "layer_norm": "layer_norm",
+}
+
+
+class KutSpec(NamedTuple):
+  """A parsed KUT spec.
+
+  Attributes:
+    spec: the spec string as given.
+    source: ``"golden"``, ``"native"`` or ``"custom"`` (:func:`register_kut`).
+    kernel: native kernel name (``"matmul"``...) or ``"dot_general"`` for
+      golden.
+    variant: the native variant (``"default"`` for golden).
+    tile: the native tile, or None for the kernel's default.
+    site_kernel: kernel name of the sites it replaces.
+  """
+
+  spec: str
+  source: str
+  kernel: str
+  variant: str
+  tile: int | None
+  site_kernel: str
+
+
+# name -> (callable, site kernel); see register_kut.
+_CUSTOM: dict[str, tuple[Callable, str]] = {}
+
+
+def register_kut(name: str, kut: Callable, *, kernel: str) -> None:
+  """Registers a user KUT under a spec name (e.g. ``"mine:matmul"``).
+
+  Args:
+    name: the spec name; must not be ``golden`` or start with ``native:``.
+    kut: the kernel under test with the site kernel's KUT signature
+      (docs/sites.md): primitives get operands and params as keywords,
+      composites the marked function's arguments.
+    kernel: the site kernel it replaces at forward sites, e.g.
+      ``"dot_general"`` or ``"softmax"``.
+
+  Raises:
+    PeatError: a reserved name.
+  """
+  if name == "golden" or name.startswith("native:") or "@" in name:
+    raise PeatError(f"KUT name {name!r} is reserved; expected a name that is "
+                    "not 'golden', has no '@' and does not start with "
+                    "'native:'")
+  _CUSTOM[name] = (kut, kernel)
+
+
+def known_specs() -> list[str]:
+  """Every spec :func:`resolve_kut` accepts (tiles aside)."""
+  out = ["golden"] + sorted(_CUSTOM)
+  for k in _SITE_KERNEL:
+    out += [f"native:{k}:{v}" for v in _variants.variants(k)]
+  return out
+
+
+def _unknown(spec: str, why: str) -> PeatError:
+  return PeatError(
+      f"unknown KUT spec {spec!r} ({why}); expected 'golden' or "
+      f"'native:<kernel>:<variant>[@tile]' with kernel one of "
+      f"{', '.join(_SITE_KERNEL)}; known specs: {', '.join(known_specs())}")
+
+
+def parse_kut(spec: str) -> KutSpec:
+  """Parses a KUT spec string.
+
+  Args:
+    spec: e.g. ``"golden"``, ``"native:matmul:acc_bf16"``,
+      ``"native:matmul:tile_edge_bug@24"``.
+
+  Returns:
+    A :class:`KutSpec`.
+
+  Raises:
+    PeatError: unknown source, kernel, variant or a bad tile, listing the
+      known specs.
+  """
+  if not isinstance(spec, str):
+    raise PeatError(f"KUT spec must be a string, got {type(spec).__name__}")
+  if spec == "golden":
+    return KutSpec(spec, "golden", "dot_general", "default", None,
+                   "dot_general")
+  if spec in _CUSTOM:
+    return KutSpec(spec, "custom", spec, "default", None, _CUSTOM[spec][1])
+  body, _, tile_s = spec.partition("@")
+  parts = body.split(":")
+  if len(parts) != 3 or parts[0] != "native":
+    raise _unknown(spec, "not registered and not of the form "
+                   "native:<kernel>:<variant>")
+  _, kernel, variant = parts
+  if kernel not in _SITE_KERNEL:
+    raise _unknown(spec, f"kernel {kernel!r} is not a native kernel")
+  if variant not in _variants.variants(kernel):
+    raise _unknown(spec, f"variant {variant!r} is not one of "
+                   f"{', '.join(_variants.variants(kernel))}")
+  tile = None
+  if tile_s:
+    try:
+      tile = int(tile_s)
+    except ValueError:
+      tile = -1
+    if tile < 1:
+      raise _unknown(spec, f"tile {tile_s!r} is not a positive integer")
+  return KutSpec(spec, "native", kernel, variant, tile, _SITE_KERNEL[kernel])
+
+
+# ------------------------------------------------------------- adapters
+
+
+def _dg_layout(lhs_shape, rhs_shape, dimension_numbers):
+  (lc, rc), (lb, rb) = dimension_numbers
+  lc, rc, lb, rb = (tuple(int(d) for d in x) for x in (lc, rc, lb, rb))
+  lf = tuple(d for d in range(len(lhs_shape)) if d not in lc + lb)
+  rf = tuple(d for d in range(len(rhs_shape)) if d not in rc + rb)
+  return lc, rc, lb, rb, lf, rf
+
+
+def dot_general_adapter(lhs: jax.Array, rhs: jax.Array, *,
+                        dimension_numbers, precision=None,
+                        preferred_element_type=None, out_sharding=None,
+                        variant: str = "default",
+                        tile: int | None = None) -> jax.Array:
+  """``lax.dot_general`` computed by the native batched matmul.
+
+  lhs is transposed and reshaped to (batch, M, K), rhs to (batch, K, N)
+  (M, N, K the products of the free and contracting dims), the native
+  matmul runs, and the (batch, M, N) result is reshaped to dot_general's
+  layout: batch dims, lhs free dims, rhs free dims.
+
+  Args:
+    lhs: left operand.
+    rhs: right operand (same dtype).
+    dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch,
+      rhs_batch))`` as for ``lax.dot_general``.
+    precision: ignored (the native kernel has its own precision).
+    preferred_element_type: output dtype (the result is cast to it).
+    out_sharding: ignored.
+    variant: native matmul variant.
+    tile: native tile (None: the kernel's default).
+
+  Returns:
+    The dot_general result.
+  """
+  del precision, out_sharding
+  lc, rc, lb, rb, lf, rf = _dg_layout(lhs.shape, rhs.shape, dimension_numbers)
+  size = lambda shape, dims: int(np.prod([shape[d] for d in dims], dtype=np.int64))
+  bshape = tuple(lhs.shape[d] for d in lb)
+  b = size(lhs.shape, lb)
+  m, n, k = size(lhs.shape, lf), size(rhs.shape, rf), size(lhs.shape, lc)
+  a = jnp.transpose(lhs, lb + lf + lc).reshape(b, m, k)
+  w = jnp.transpose(rhs, rb + rc + rf).reshape(b, k, n)
+  from peat_jax.kernels import native  # loads the FFI library on first use
+  opts = {} if tile is None else {"tile": tile}
+  out = native.matmul(a, w, variant=variant, **opts)
+  out = out.reshape(bshape + tuple(lhs.shape[d] for d in lf)
+                    + tuple(rhs.shape[d] for d in rf))
+  dtype = preferred_element_type or lhs.dtype
+  return out.astype(dtype)
+
+
+def dot_general_reduction(in_shapes: Sequence[Sequence[int]],
+                          dimension_numbers) -> int:
+  """Reduction length K of a dot_general (product of contracting dims)."""
+  (lc, _), _ = dimension_numbers
+  return int(np.prod([in_shapes[0][d] for d in lc], dtype=np.int64))
+
+
+def _conv_layout_ok(dn) -> bool:
+  lhs, rhs, out = dn.lhs_spec, dn.rhs_spec, dn.out_spec
+  # NHWC: batch 0, feature 3, spatial (1, 2); HWIO: out 3, in 2, spatial (0, 1)
+  return (tuple(lhs) == (0, 3, 1, 2) and tuple(rhs) == (3, 2, 0, 1)
+          and tuple(out) == (0, 3, 1, 2))
+
+
+def conv_adapter(lhs: jax.Array, rhs: jax.Array, *, window_strides, padding,
+                 lhs_dilation, rhs_dilation, dimension_numbers,
+                 feature_group_count, batch_group_count, precision=None,
+                 preferred_element_type=None, variant: str = "default",
+                 tile: int | None = None, site: str = "?",
+                 **unused) -> jax.Array:
+  """``conv_general_dilated`` (NHWC/HWIO, no dilation, one group) by native conv2d.
+
+  Raises:
+    PeatError: a layout, dilation or grouping the native kernel lacks,
+      naming the site.
+  """
+  del precision, unused
+  why = []
+  if len(window_strides) != 2:
+    why.append(f"{len(window_strides)} spatial dims (expected 2)")
+  elif not _conv_layout_ok(dimension_numbers):
+    why.append(f"layout {dimension_numbers} (expected NHWC/HWIO/NHWC)")
+  if any(d != 1 for d in tuple(lhs_dilation or ()) + tuple(rhs_dilation or ())):
+    why.append(f"dilation lhs={lhs_dilation} rhs={rhs_dilation} (expected 1)")
+  if feature_group_count != 1 or batch_group_count != 1:
+    why.append(f"groups feature={feature_group_count} "
+               f"batch={batch_group_count} (expected 1)")
+  if why:
+    raise PeatError(
+        f"native conv2d cannot run at site {site!r}: " + "; ".join(why)
+        + ". Fix: select other sites (select=/pattern) or use a KUT that "
+        "supports this convolution.")
+  from peat_jax.kernels import native  # loads the FFI library on first use
+  opts = {} if tile is None else {"tile": tile}
+  out = native.conv2d(lhs, rhs, tuple(int(s) for s in window_strides),
+                      [tuple(int(v) for v in p) for p in padding],
+                      variant=variant, **opts)
+  return out.astype(preferred_element_type or lhs.dtype)
+
+
+def _composite_adapter(fn: Callable, variant: str, tile: int | None,
+                       kind: str) -> Callable:
+  def kut(*args, **kwargs):
+    if kind == "layer_norm":
+      return fn(*args, variant=variant, **kwargs)
+    opts = {} if tile is None else {"tile": tile}
+    return fn(*args, variant=variant, **opts, **kwargs)
+  kut.__name__ = f"native_{kind}_{variant}"
+  return kut
+
+
+def kut_callable(spec: str | KutSpec, site: str = "?") -> Any:
+  """The callable (or GOLDEN) of a spec, with the site kernel's signature."""
+  s = spec if isinstance(spec, KutSpec) else parse_kut(spec)
+  if s.source == "golden":
+    return GOLDEN
+  if s.source == "custom":
+    return _CUSTOM[s.spec][0]
+  if s.kernel == "matmul":
+    return functools.partial(dot_general_adapter, variant=s.variant,
+                             tile=s.tile)
+  if s.kernel == "conv2d":
+    return functools.partial(conv_adapter, variant=s.variant, tile=s.tile,
+                             site=site)
+  from peat_jax.kernels import native  # loads the FFI library on first use
+  return _composite_adapter(native.KERNELS[s.kernel], s.variant, s.tile,
+                            s.kernel)
+
+
+def resolve_kut(spec: str, *, pattern: str | None = None,
+                sites: Sequence[str] | None = None,
+                backward: str = "golden") -> list[Substitution]:
+  """Turns a KUT spec into the substitutions that run it.
+
+  Args:
+    spec: a spec string (module docstring; :func:`known_specs`).
+    pattern: optional ``fnmatch`` glob narrowing the sites.
+    sites: optional explicit site names.
+    backward: ``"golden"`` (default) or ``"kut"`` for the backward sites.
+
+  Returns:
+    A list of :class:`peat_jax.Substitution` selecting forward sites of the
+    spec's kernel.
+
+  Raises:
+    PeatError: unknown spec.
+  """
+  s = parse_kut(spec)
+  return [Substitution(kut_callable(s), kernel=s.site_kernel, phase="fwd",
+                       pattern=pattern,
+                       sites=None if sites is None else tuple(sites),
+                       backward=backward)]
+
+
+def reference_fn(kernel: str, params: dict) -> Callable:
+  """A float64-capable golden function of a site from its recorded call.
+
+  Args:
+    kernel: the site's kernel (``dot_general``, ``conv_general_dilated`` or a
+      composite kind in :data:`peat_jax.REFERENCES`).
+    params: for primitives the keyword parameters the KUT received; for
+      composites ``{"template": (treedef, leaves, is_array)}``.
+
+  Returns:
+    ``f(*site_inputs) -> float64 host array`` (via ``peat.reference``).
+  """
+  from peat_jax import _reference
+  from jax import lax
+  if kernel == "dot_general":
+    dn = params["dimension_numbers"]
+    return lambda l, r: _reference.reference_dot_general(l, r, dn)
+  if kernel == "conv_general_dilated":
+    p = params
+    return lambda x, w: _reference.reference(
+        lambda a, b: lax.conv_general_dilated(
+            a, b, p["window_strides"], p["padding"], p["lhs_dilation"],
+            p["rhs_dilation"], p["dimension_numbers"],
+            p["feature_group_count"], p["batch_group_count"],
+            precision=lax.Precision.HIGHEST), x, w)
+  if kernel in _reference.REFERENCES:
+    treedef, leaves, is_array = params["template"]
+    ref = _reference.REFERENCES[kernel]
+
+    def f(*arrays):
+      it = iter(arrays)
+      lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
+      args, kwargs = jax.tree.unflatten(treedef, lv)
+      return ref(*args, **kwargs)
+    return f
+  raise PeatError(f"no float64 reference for kernel {kernel!r}; expected one "
+                  f"of dot_general, conv_general_dilated, "
+                  f"{', '.join(_reference.REFERENCES)}")
+
+
+def recording(kut: Any, site: str, kernel: str, composite: bool,
+              store: dict) -> Callable:
+  """Wraps a KUT so each trace records the site's call parameters.
+
+  ``store[site]`` gets the primitive's params (primitives) or the call
+  template ``{"template": (treedef, leaves, is_array)}`` (composites), which
+  :func:`reference_fn` turns into a float64 reference. ``GOLDEN`` is wrapped
+  in the golden primitive / a pass-through for composites is not possible,
+  so golden KUTs are recorded with the lax function of the kernel.
+  """
+  def wrapped(*args, **kwargs):
+    if composite:
+      leaves, treedef = jax.tree.flatten((args, kwargs))
+      is_array = tuple(isinstance(x, (jax.Array, np.ndarray)) for x in leaves)
+      store[site] = {"template": (treedef, tuple(
+          None if a else x for x, a in zip(leaves, is_array)), is_array)}
+    else:
+      store[site] = dict(kwargs)
+    if kut == GOLDEN:
+      return _golden_call(kernel, args, kwargs)
+    if kernel == "conv_general_dilated" and isinstance(kut, functools.partial):
+      return kut(*args, **{**kwargs, "site": site})
+    return kut(*args, **kwargs)
+  return wrapped
+
+
+def _golden_call(kernel: str, args, kwargs):
+  from jax import lax
+  if kernel == "dot_general":
+    return lax.dot_general_p.bind(*args, **kwargs)
+  if kernel == "conv_general_dilated":
+    return lax.conv_general_dilated_p.bind(*args, **kwargs)
+  raise PeatError(f"recording a GOLDEN KUT at a {kernel!r} site is not "
+                  "supported; expected dot_general or conv_general_dilated")
