@@ -69,8 +69,8 @@ def test_resume_through_tool_skips_done_steps(golden_campaign, capsys):
   d, _ = golden_campaign
   before = _site_records(d)
   with flagsaver.flagsaver():
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["validate"] + TOOL_ARGS + [f"--campaign_dir={d}"])
+    validate_tool.FLAGS.unparse_flags()
+    validate_tool.FLAGS(["validate"] + TOOL_ARGS + [f"--campaign_dir={d}"])
     assert validate_tool.main(["validate"]) == 0
   out = capsys.readouterr().out
   assert "playback step 0: done before, skipped" in out

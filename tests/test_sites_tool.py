@@ -9,8 +9,8 @@ from peat_jax.tools import sites as sites_tool
 
 def _run(argv):
   with flagsaver.flagsaver():
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["sites"] + argv)
+    sites_tool.FLAGS.unparse_flags()
+    sites_tool.FLAGS(["sites"] + argv)
     return sites_tool.main(["sites"])
 
 

@@ -14,14 +14,16 @@ Prints the confusion matrix, per-model accuracy, false alarms and misses.
 
 import functools
 import json
-import sys
 
-from absl import app
 from absl import flags
+
+from peat_jax.tools import _cli
 from absl import logging
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
 from peat_jax import _calibration
@@ -31,12 +33,12 @@ from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL
 from peat_jax.models import layers
 
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16", "float16"],
-                            "Input dtypes of the tensor-injection cases.")
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Injection seeds.")
-_ROWS = flags.DEFINE_integer("rows", 256, "Rows kept of each captured input.")
+                            "Input dtypes of the tensor-injection cases.", flag_values=FLAGS)
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Injection seeds.", flag_values=FLAGS)
+_ROWS = flags.DEFINE_integer("rows", 256, "Rows kept of each captured input.", flag_values=FLAGS)
 _WARMUP = flags.DEFINE_integer(
-    "warmup_steps", 30, "Golden steps before capturing site inputs.")
-_JSON = flags.DEFINE_string("json", None, "Write all records to this file.")
+    "warmup_steps", 30, "Golden steps before capturing site inputs.", flag_values=FLAGS)
+_JSON = flags.DEFINE_string("json", None, "Write all records to this file.", flag_values=FLAGS)
 
 # Source models: small enough to capture in seconds, real data and training.
 SOURCES = {
@@ -180,7 +182,7 @@ def build_cases(rows: int = 256, warmup: int = 30,
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   cases = build_cases(_ROWS.value, _WARMUP.value)
   print(f"{len(cases)} captured cases: " + ", ".join(
@@ -204,4 +206,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  _cli.run(main, FLAGS, __doc__)

@@ -12,33 +12,36 @@ pretraining scenario in ``<workdir>/pretrain``.
 import os
 import sys
 
-from absl import app
 from absl import flags
+
+from peat_jax.tools import _cli
 from absl import logging
+
+FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string(
     "scenario", models.DEFAULT_SCENARIO,
-    f"Training scenario, one of {models.scenario_names()}.")
+    f"Training scenario, one of {models.scenario_names()}.", flag_values=FLAGS)
 _WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Run directory; default runs/<scenario>.")
+    "workdir", None, "Run directory; default runs/<scenario>.", flag_values=FLAGS)
 _STEPS = flags.DEFINE_integer(
-    "steps", None, "Optimizer steps; default: the scenario's budget.")
+    "steps", None, "Optimizer steps; default: the scenario's budget.", flag_values=FLAGS)
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
-    "checkpoint_every", None, "Checkpoint interval in steps.")
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of parameters, RNG and data.")
+    "checkpoint_every", None, "Checkpoint interval in steps.", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of parameters, RNG and data.", flag_values=FLAGS)
 _RESUME = flags.DEFINE_bool(
-    "resume", True, "Continue from the latest checkpoint in --workdir.")
+    "resume", True, "Continue from the latest checkpoint in --workdir.", flag_values=FLAGS)
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None,
-    "Finetuning scenarios: a golden run of the pretraining scenario.")
+    "Finetuning scenarios: a golden run of the pretraining scenario.", flag_values=FLAGS)
 
 
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
   workdir = os.path.abspath(_WORKDIR.value or
                             os.path.join("runs", _SCENARIO.value))
@@ -63,7 +66,7 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
   """Console-script entry point (``peat-golden``)."""
-  app.run(main)
+  _cli.run(main, FLAGS, __doc__)
 
 
 if __name__ == "__main__":

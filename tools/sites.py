@@ -14,9 +14,12 @@ task's ``init_state``, so even large configs list in about a second.
 import json
 import sys
 
-from absl import app
 from absl import flags
+
+from peat_jax.tools import _cli
 import jax
+
+FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
 from peat_jax import _sites
@@ -24,17 +27,17 @@ from peat_jax import models
 
 _MODEL = flags.DEFINE_string(
     "model", models.DEFAULT_SCENARIO,
-    f"Scenario whose train step is listed, one of {models.scenario_names()}.")
+    f"Scenario whose train step is listed, one of {models.scenario_names()}.", flag_values=FLAGS)
 _OVERRIDES = flags.DEFINE_string(
     "overrides", "{}",
-    'Config overrides as JSON, e.g. \'{"batch_size": 8, "model_kwargs": {"depth": 1}}\'.')
-_KERNEL = flags.DEFINE_list("kernel", None, "Only these kernels (e.g. dot_general,softmax).")
-_PHASE = flags.DEFINE_list("phase", None, "Only these phases: fwd, bwd, upd.")
-_PATTERN = flags.DEFINE_string("pattern", None, "Only site names matching this fnmatch glob.")
-_COUNTS = flags.DEFINE_bool("counts", False, "Print site counts per kernel and phase only.")
-_NAMES = flags.DEFINE_bool("names", False, "Print site names only, one per line.")
+    'Config overrides as JSON, e.g. \'{"batch_size": 8, "model_kwargs": {"depth": 1}}\'.', flag_values=FLAGS)
+_KERNEL = flags.DEFINE_list("kernel", None, "Only these kernels (e.g. dot_general,softmax).", flag_values=FLAGS)
+_PHASE = flags.DEFINE_list("phase", None, "Only these phases: fwd, bwd, upd.", flag_values=FLAGS)
+_PATTERN = flags.DEFINE_string("pattern", None, "Only site names matching this fnmatch glob.", flag_values=FLAGS)
+_COUNTS = flags.DEFINE_bool("counts", False, "Print site counts per kernel and phase only.", flag_values=FLAGS)
+_NAMES = flags.DEFINE_bool("names", False, "Print site names only, one per line.", flag_values=FLAGS)
 _STRUCTURAL = flags.DEFINE_bool(
-    "structural", False, "Also list data-movement primitives (reshape, broadcast, ...).")
+    "structural", False, "Also list data-movement primitives (reshape, broadcast, ...).", flag_values=FLAGS)
 
 
 def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=None,
@@ -67,7 +70,7 @@ def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=
 
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
   try:
     overrides = json.loads(_OVERRIDES.value)
   except json.JSONDecodeError as e:
@@ -91,7 +94,7 @@ def main(argv: list[str]) -> int:
 
 def run() -> None:
   """Console-script entry point."""
-  app.run(main)
+  _cli.run(main, FLAGS, __doc__)
 
 
 if __name__ == "__main__":

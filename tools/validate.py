@@ -23,9 +23,12 @@ import json
 import os
 import sys
 
-from absl import app
 from absl import flags
+
+from peat_jax.tools import _cli
 from absl import logging
+
+FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
 from peat_jax import _campaign
@@ -33,30 +36,30 @@ from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string(
     "scenario", models.DEFAULT_SCENARIO,
-    f"Training scenario, one of {models.scenario_names()}.")
+    f"Training scenario, one of {models.scenario_names()}.", flag_values=FLAGS)
 _KUT = flags.DEFINE_string(
     "kut", "native:conv2d:in_bf16",
     "KUT spec: golden or native:<kernel>:<variant>[@tile] "
-    "(peat_jax.kernels.kut.known_specs()).")
+    "(peat_jax.kernels.kut.known_specs()).", flag_values=FLAGS)
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None,
-    "Campaign directory; default runs/campaign_<scenario>_<kut>.")
+    "Campaign directory; default runs/campaign_<scenario>_<kut>.", flag_values=FLAGS)
 _STEPS = flags.DEFINE_integer(
-    "steps", 40, "Golden training steps (and runtime FI steps).")
+    "steps", 40, "Golden training steps (and runtime FI steps).", flag_values=FLAGS)
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
-    "checkpoint_every", 10, "Checkpoint interval = playback points.")
+    "checkpoint_every", 10, "Checkpoint interval = playback points.", flag_values=FLAGS)
 _FREQUENCIES = flags.DEFINE_list(
     "frequencies", ["every", "every_4", "fraction_0.25"],
-    "Runtime FI frequencies: every, every_<n>, fraction_<p>; empty to skip.")
+    "Runtime FI frequencies: every, every_<n>, fraction_<p>; empty to skip.", flag_values=FLAGS)
 _RUNTIME_STEPS = flags.DEFINE_integer(
-    "runtime_steps", None, "Runtime FI steps; default --steps.")
+    "runtime_steps", None, "Runtime FI steps; default --steps.", flag_values=FLAGS)
 _SELECT = flags.DEFINE_string(
-    "select", None, "fnmatch pattern narrowing the KUT's sites.")
+    "select", None, "fnmatch pattern narrowing the KUT's sites.", flag_values=FLAGS)
 _BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "Override the scenario's batch size.")
+    "batch_size", None, "Override the scenario's batch size.", flag_values=FLAGS)
 _OVERRIDES = flags.DEFINE_string(
-    "overrides", None, "JSON dict of task config overrides.")
-_SEED = flags.DEFINE_integer("seed", 0, "Golden seed.")
+    "overrides", None, "JSON dict of task config overrides.", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "Golden seed.", flag_values=FLAGS)
 
 
 def _safe(s: str) -> str:
@@ -65,7 +68,7 @@ def _safe(s: str) -> str:
 
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   directory = os.path.abspath(_CAMPAIGN_DIR.value or os.path.join(
       "runs", f"campaign_{_scenario()}_{_safe(_KUT.value)}"))
@@ -96,7 +99,7 @@ def _scenario() -> str:
 
 def run() -> None:
   """Console-script entry point."""
-  app.run(main)
+  _cli.run(main, FLAGS, __doc__)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from peat_jax.tools import golden
 
 def _run(argv):
   with flagsaver.flagsaver():
-    flags.FLAGS.unparse_flags()
-    flags.FLAGS(["golden"] + argv)
+    golden.FLAGS.unparse_flags()
+    golden.FLAGS(["golden"] + argv)
     return golden.main(["golden"])
 
 
