@@ -29,6 +29,7 @@ from peat_jax._detector import detect as detect
 from peat_jax._detector import detect_batch as detect_batch
 from peat_jax._detector import verdict as verdict
 from peat_jax._errors import PeatError as PeatError
+from peat_jax._monitor import Monitor as Monitor
 from peat_jax._golden import GoldenResult as GoldenResult
 from peat_jax._golden import abstract_state as abstract_state
 from peat_jax._golden import golden_train as golden_train
