@@ -209,6 +209,39 @@ def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
     return None
 
 
+def site_record(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
+                kut_spec: str, step: int) -> dict:
+  """One (step, site) record: signature vs golden and float64, diagnosis.
+
+  Args:
+    site: the tapped site.
+    params: its call parameters, as recorded by ``kut.recording``.
+    tp: the site's tap (inputs, golden and KUT outputs of one step).
+    kut_spec: the KUT's spec, stored with the record.
+    step: the step the tap comes from.
+
+  Returns:
+    A msgpack-ready dict (``kind == "site"``).
+  """
+  ref = _site_reference(site, params, tp.inputs)
+  test, gold = tp.kut, tp.golden
+  if isinstance(gold, tuple):
+    test, gold = test[0], gold[0]
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+  if ref is not None and np.shape(ref) != np.shape(gold):
+    ref = None
+  sig = _analyzer.analyze(test, gold, ref)
+  red = _reduction(site, params)
+  diag = _detector.detect(sig, context={"kernel": site.kernel,
+                                        "reduction": red})
+  return {
+      "kind": "site", "kut": kut_spec, "step": step, "site": site.name,
+      "kernel": site.kernel, "phase": site.phase, "reduction": red,
+      "signature": signature_record(sig),
+      "diagnosis": {"model": diag.model, "confidence": float(diag.confidence),
+                    "evidence": diag.evidence, "verdict": diag.verdict}}
+
+
 def localize(records: Sequence[dict], site_order: Sequence[str]
              ) -> dict | None:
   """First site (execution order) leaving the noise floor, earliest step.
@@ -309,29 +342,8 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,
       kstep = jax.jit(_sites_subst.substitute(task.step_fn, *eff))
     (gstate, gm), taps = tapped(state, batch)
     kstate, km = kstep(state, batch)
-    recs = []
-    for c in chosen:
-      name = c.site.name
-      tp = taps[name]
-      params = store[name]
-      ref = _site_reference(c.site, params, tp.inputs)
-      test, gold = tp.kut, tp.golden
-      if isinstance(gold, tuple):
-        test, gold = test[0], gold[0]
-        ref = ref[0] if isinstance(ref, (tuple, list)) else ref
-      if ref is not None and np.shape(ref) != np.shape(gold):
-        ref = None
-      sig = _analyzer.analyze(test, gold, ref)
-      red = _reduction(c.site, params)
-      diag = _detector.detect(sig, context={"kernel": c.site.kernel,
-                                            "reduction": red})
-      recs.append({
-          "kind": "site", "kut": kut_spec, "step": int(s), "site": name,
-          "kernel": c.site.kernel, "phase": c.site.phase, "reduction": red,
-          "signature": signature_record(sig),
-          "diagnosis": {"model": diag.model,
-                        "confidence": float(diag.confidence),
-                        "evidence": diag.evidence, "verdict": diag.verdict}})
+    recs = [site_record(c.site, store[c.site.name], taps[c.site.name],
+                        kut_spec, int(s)) for c in chosen]
     lg, lk = float(gm["loss"]), float(km["loss"])
     gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
     dg = jax.tree.map(lambda a, b: np.asarray(a, np.float64)

@@ -24,7 +24,6 @@ from typing import Any, Callable, Sequence
 
 import jax
 
-from peat_jax import _analyzer
 from peat_jax import _campaign
 from peat_jax import _detector
 from peat_jax import _sites
@@ -124,28 +123,9 @@ class Monitor:
       return self._run(state, batch)
     step = int(getattr(state, "step", call))
     (new_state, metrics), taps = self._tapped(state, batch)
-    records = []
-    for site, _ in self._chosen:
-      tp = taps[site.name]
-      params = self._store[site.name]
-      ref = _campaign._site_reference(site, params, tp.inputs)  # pylint: disable=protected-access
-      test, gold = tp.kut, tp.golden
-      if isinstance(gold, tuple):
-        test, gold = test[0], gold[0]
-        ref = ref[0] if isinstance(ref, (tuple, list)) else ref
-      if ref is not None and tuple(ref.shape) != tuple(gold.shape):
-        ref = None
-      sig = _analyzer.analyze(test, gold, ref)
-      red = _campaign._reduction(site, params)  # pylint: disable=protected-access
-      diag = _detector.detect(sig, context={"kernel": site.kernel,
-                                            "reduction": red})
-      records.append({
-          "kind": "site", "kut": self._spec, "step": step, "site": site.name,
-          "kernel": site.kernel, "phase": site.phase,
-          "signature": _campaign.signature_record(sig),
-          "diagnosis": {"model": diag.model,
-                        "confidence": float(diag.confidence),
-                        "evidence": diag.evidence, "verdict": diag.verdict}})
+    records = [_campaign.site_record(site, self._store[site.name],
+                                     taps[site.name], self._spec, step)
+               for site, _ in self._chosen]
     _campaign._append(self.path, records)  # pylint: disable=protected-access
     return new_state, metrics
 
