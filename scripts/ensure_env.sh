@@ -22,6 +22,11 @@ if [[ ! -x "$PY" ]]; then
   python3 -m venv "$VENV"
   have=""
 fi
+# An editable install builds the native library inside this checkout: a venv
+# made for another checkout (same inputs, no library here) needs the build too.
+if [[ ! -f "$ROOT/peat_jax/kernels/_peat_kernels_cpu.so" ]]; then
+  have=""
+fi
 if [[ "$want" != "$have" ]]; then
   echo "[peat] installing peat_jax and its dependencies into $VENV" >&2
   start=$(date +%s)
