@@ -126,7 +126,7 @@ class Monitor:
     records = [_campaign.site_record(site, self._store[site.name],
                                      taps[site.name], self._spec, step)
                for site, _ in self._chosen]
-    _campaign._append(self.path, records)  # pylint: disable=protected-access
+    _campaign.append_records(self.path, records)
     return new_state, metrics
 
   def records(self) -> list[dict]:

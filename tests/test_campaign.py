@@ -142,7 +142,7 @@ def test_frequency_parsing():
 
 def test_truncated_record_file(tmp_path):
   p = tmp_path / "r.msgpack"
-  C._append(str(p), [{"a": 1}, {"a": 2}])
+  C.append_records(str(p), [{"a": 1}, {"a": 2}])
   with open(p, "ab") as f:
     f.write(b"\x82\xa1a")  # a record cut short
   assert C.read_records(p) == [{"a": 1}, {"a": 2}]

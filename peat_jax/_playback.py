@@ -1,0 +1,389 @@
+"""Playback FI: replay saved golden steps with a KUT at selected sites.
+
+For each checkpoint: restore the full state, run the step once with the
+golden kernel everywhere and the KUT tapped at the selected sites (pseudo-
+errors on identical inputs, float64 references, signatures, diagnoses), and
+once with the KUT substituted (effect on loss, gradient norm and update).
+Checkpoints are independent: errors do not accumulate between them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from peat_jax import _analyzer
+from peat_jax import _detector
+from peat_jax import _golden
+from peat_jax import _sites
+from peat_jax import _sites_subst
+from peat_jax._checkpoint import saved_steps
+from peat_jax._errors import PeatError
+from peat_jax._records import PLAYBACK_FILE
+from peat_jax._records import append_records
+from peat_jax._records import read_records
+from peat_jax._records import rewrite_records
+from peat_jax._records import signature_record
+from peat_jax._train_state import TrainTask
+from peat_jax.kernels import kut as _kut
+
+#: noise ratio above which a site counts as leaving the noise floor.
+LOCALIZE_NOISE_RATIO = 2.0
+
+
+class SiteCall(NamedTuple):
+  """One selected site of a playback, with what its reference needs."""
+
+  site: _sites.Site
+  sub: _sites_subst.Substitution
+
+
+class PlaybackResult(NamedTuple):
+  """What :func:`playback` recorded.
+
+  Attributes:
+    records: site records ``{"kind": "site", "step", "site", ...}`` in
+      (step, execution order).
+    effects: per-step records ``{"kind": "effect", "step", "loss_golden",
+      "loss_kut", "grad_rel_diff", "update_rel_diff"}``.
+    sites: the selected sites, execution order.
+    localization: ``{"site", "step", "noise_ratio"}`` or None.
+    seconds_per_step: mean wall time of one checkpoint's playback after the
+      first (compilation excluded), NaN when fewer than two ran.
+  """
+
+  records: list
+  effects: list
+  sites: list
+  localization: dict | None
+  seconds_per_step: float
+
+
+def _reduction(site: _sites.Site, params: dict) -> int:
+  shapes = site.in_shapes
+  if site.kernel == "dot_general":
+    return _kut.dot_general_reduction(shapes, params["dimension_numbers"])
+  if site.kernel == "conv_general_dilated":
+    rhs = shapes[1]
+    out_dim = params["dimension_numbers"].rhs_spec[0]
+    return int(np.prod(rhs) // rhs[out_dim])
+  return int(shapes[0][-1]) if shapes and shapes[0] else 1
+
+
+def _tree_rel(a, b, base) -> float:
+  """||a - b|| / ||base|| over pytrees (float64 on host)."""
+  num = sum(float(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2))
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  den = sum(float(np.sum(np.asarray(x, np.float64) ** 2))
+            for x in jax.tree.leaves(base))
+  if den == 0.0:
+    return 0.0 if num == 0.0 else math.inf
+  return math.sqrt(num / den)
+
+
+def select_calls(task: TrainTask, state, batch, kut_spec: str,
+            select: str | Sequence[str] | None) -> tuple[list, list]:
+  subs = _kut.resolve_kut(kut_spec)
+  table = _sites.discover_sites(task.step_fn, state, batch)
+  chosen = []
+  for sub in subs:
+    kw = dict(kernel=sub.kernel, phase=sub.phase, pattern=sub.pattern)
+    if isinstance(select, str):
+      if kw["pattern"] is not None:
+        raise PeatError("select= and the spec's pattern both set")
+      kw["pattern"] = select
+    elif select is not None:
+      kw["names"] = tuple(select)
+    chosen += [SiteCall(s, sub) for s in _sites.select_sites(table, **kw)]
+  order = {s.name: i for i, s in enumerate(table)}
+  chosen.sort(key=lambda c: order[c.site.name])
+  if not chosen:
+    raise PeatError(f"KUT {kut_spec!r} selects no site of task {task.name!r}"
+                    f" (select={select!r}); expected at least one")
+  return chosen, table
+
+
+def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
+  """float64 reference of a site's golden kernel on its tapped inputs.
+
+  Under ``scan`` the taps have a leading iteration axis: the reference is
+  computed per iteration. None when no reference applies.
+  """
+  try:
+    fn = _kut.reference_fn(site.kernel, params)
+    inputs = [np.asarray(x) for x in inputs]
+    if "scan" in site.where and inputs and inputs[0].ndim == len(
+        site.in_shapes[0]) + 1:
+      return np.stack([np.asarray(fn(*[x[i] for x in inputs]))
+                       for i in range(inputs[0].shape[0])])
+    return fn(*inputs)
+  except (PeatError, TypeError, ValueError):
+    return None
+
+
+def site_record(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
+                kut_spec: str, step: int) -> dict:
+  """One (step, site) record: signature vs golden and float64, diagnosis.
+
+  Args:
+    site: the tapped site.
+    params: its call parameters, as recorded by ``kut.recording``.
+    tp: the site's tap (inputs, golden and KUT outputs of one step).
+    kut_spec: the KUT's spec, stored with the record.
+    step: the step the tap comes from.
+
+  Returns:
+    A msgpack-ready dict (``kind == "site"``).
+  """
+  ref = _site_reference(site, params, tp.inputs)
+  test, gold = tp.kut, tp.golden
+  if isinstance(gold, tuple):
+    test, gold = test[0], gold[0]
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+  if ref is not None and np.shape(ref) != np.shape(gold):
+    ref = None
+  sig = _analyzer.analyze(test, gold, ref)
+  red = _reduction(site, params)
+  diag = _detector.detect(sig, context={"kernel": site.kernel,
+                                        "reduction": red})
+  return {
+      "kind": "site", "kut": kut_spec, "step": step, "site": site.name,
+      "kernel": site.kernel, "phase": site.phase, "reduction": red,
+      "signature": signature_record(sig),
+      "diagnosis": {"model": diag.model, "confidence": float(diag.confidence),
+                    "evidence": diag.evidence, "verdict": diag.verdict}}
+
+
+def localize(records: Sequence[dict], site_order: Sequence[str]
+             ) -> dict | None:
+  """First site (execution order) leaving the noise floor, earliest step.
+
+  A record leaves it when its noise ratio exceeds
+  :data:`LOCALIZE_NOISE_RATIO`, or when it is not exact and its diagnosis
+  fails.
+  """
+  order = {n: i for i, n in enumerate(site_order)}
+  hits = []
+  for r in records:
+    nr = r["signature"].get("noise_ratio", math.nan)
+    bad = (nr == nr and nr > LOCALIZE_NOISE_RATIO) or (
+        r["diagnosis"]["model"] != "exact"
+        and r["diagnosis"]["verdict"] == "fail")
+    if bad:
+      hits.append((order.get(r["site"], 1 << 30), r["step"], r["site"], nr))
+  if not hits:
+    return None
+  _, step, site, nr = min(hits)
+  return {"site": site, "step": int(step),
+          "noise_ratio": None if nr != nr else float(nr)}
+
+
+class Player:
+  """Plays back one checkpoint at a time: the unit of playback FI.
+
+  Built once per (task, KUT, selection) from a sample state and batch; it
+  compiles two jitted functions (the tapped golden step and the step with the
+  KUT substituted) and turns one restored state into the records of its step.
+  Campaign drivers (sequential :func:`playback`, process isolation, sharding
+  over devices or hosts) call :meth:`play` on states they restore.
+
+  Attributes:
+    kut_spec: the KUT spec.
+    calls: the selected sites (:class:`SiteCall`), execution order.
+    site_names: their names, execution order.
+  """
+
+  def __init__(self, task: TrainTask, kut_spec: str, state, batch, *,
+               select: str | Sequence[str] | None = None):
+    """Selects the sites and builds (does not yet compile) the steps.
+
+    Args:
+      task: the golden run's task.
+      kut_spec: a spec of :func:`peat_jax.kernels.kut.resolve_kut`.
+      state: a state of the task (shapes only matter).
+      batch: a batch of the task.
+      select: narrow the spec's sites: an ``fnmatch`` pattern or names.
+
+    Raises:
+      PeatError: unknown spec, no selected site.
+    """
+    self.task = task
+    self.kut_spec = kut_spec
+    self.calls, _ = select_calls(task, state, batch, kut_spec, select)
+    self.site_names = [c.site.name for c in self.calls]
+    self._store: dict = {}
+    subs = [_sites_subst.Substitution(
+        _kut.recording(c.sub.kut, c.site.name, c.site.kernel,
+                       c.site.composite, self._store), sites=(c.site.name,))
+            for c in self.calls]
+    self._tapped = jax.jit(_sites_subst.tap(task.step_fn, *subs))
+    eff = [_sites_subst.Substitution(
+        self.calls[0].sub.kut, sites=tuple(self.site_names),
+        backward=self.calls[0].sub.backward)]
+    self._kstep = jax.jit(_sites_subst.substitute(task.step_fn, *eff))
+
+  def play(self, step: int, state) -> list[dict]:
+    """Records of one checkpoint: site records, then one effect record.
+
+    Args:
+      step: the checkpoint's step (stored in the records).
+      state: the restored golden state at that step.
+
+    Returns:
+      ``[site records in execution order..., effect record]``.
+    """
+    batch = self.task.batch_at(int(state.data_position))
+    (gstate, gm), taps = self._tapped(state, batch)
+    kstate, km = self._kstep(state, batch)
+    recs = [site_record(c.site, self._store[c.site.name],
+                        taps[c.site.name], self.kut_spec, int(step))
+            for c in self.calls]
+    lg, lk = float(gm["loss"]), float(km["loss"])
+    gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
+    dg = jax.tree.map(lambda a, b: np.asarray(a, np.float64)
+                      - np.asarray(b, np.float64), gstate.params, state.params)
+    dk = jax.tree.map(lambda a, b: np.asarray(a, np.float64)
+                      - np.asarray(b, np.float64), kstate.params, state.params)
+    eff = {
+        "kind": "effect", "kut": self.kut_spec, "step": int(step),
+        "loss_golden": lg, "loss_kut": lk,
+        "grad_rel_diff": (abs(gnk - gng) / gng if gng else
+                          (0.0 if gnk == gng else math.inf)),
+        "update_rel_diff": _tree_rel(dk, dg, dg)}
+    return recs + [eff]
+
+
+def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
+                  campaign_dir: str | os.PathLike | None,
+                  steps: Sequence[int] | None) -> tuple[str, str, list, list]:
+  """Resolves paths and the steps to play; drops partial steps (resume).
+
+  Args:
+    golden_dir: the golden run's workdir (or its checkpoint directory).
+    kut_spec: the KUT spec whose records count.
+    campaign_dir: where ``playback.msgpack`` goes (default: the golden
+      directory's parent).
+    steps: the checkpoint steps wanted (default: all saved but the last).
+
+  Returns:
+    ``(checkpoint_dir, record_path, steps, todo)``: ``todo`` are the steps
+    without a complete record set (an effect record) of this KUT.
+
+  Raises:
+    PeatError: a wanted step is not saved.
+  """
+  golden_dir = os.path.abspath(os.fspath(golden_dir))
+  ckpt = _golden._checkpoint_dir_of(golden_dir)  # pylint: disable=protected-access
+  campaign_dir = os.path.abspath(os.fspath(
+      campaign_dir or os.path.dirname(golden_dir)))
+  os.makedirs(campaign_dir, exist_ok=True)
+  path = os.path.join(campaign_dir, PLAYBACK_FILE)
+  saved = saved_steps(ckpt)
+  if steps is None:
+    steps = saved[:-1] if len(saved) > 1 else saved
+  steps = [int(s) for s in steps]
+  missing = [s for s in steps if s not in saved]
+  if missing:
+    raise PeatError(f"playback steps {missing} are not saved in {ckpt}; "
+                    f"saved steps: {saved}")
+  # Resume: keep complete steps (with an effect record), drop partial ones.
+  old = read_records(path)
+  done = {r["step"] for r in old if r.get("kind") == "effect"
+          and r.get("kut") == kut_spec}
+  kept = [r for r in old if r.get("kut") != kut_spec or r.get("step") in done]
+  if len(kept) != len(old):
+    rewrite_records(path, kept)
+  return ckpt, path, steps, [s for s in steps if s not in done]
+
+
+def playback_result(path: str, steps: Sequence[int], kut_spec: str,
+                    site_order: Sequence[str] | None = None,
+                    timings: Sequence[float] = ()) -> PlaybackResult:
+  """Reads a playback record file back into a :class:`PlaybackResult`.
+
+  Args:
+    path: ``playback.msgpack``.
+    steps: the steps to include.
+    kut_spec: the KUT whose records are read.
+    site_order: execution order of the sites (default: first appearance).
+    timings: wall seconds per played checkpoint (the first is compile).
+
+  Returns:
+    A :class:`PlaybackResult` sorted by (step, execution order).
+  """
+  allrecs = [r for r in read_records(path) if r.get("kut") == kut_spec
+             and r.get("step") in set(steps)]
+  site_recs = [r for r in allrecs if r.get("kind") == "site"]
+  effects = sorted((r for r in allrecs if r.get("kind") == "effect"),
+                   key=lambda r: r["step"])
+  order: list[str] = list(site_order or [])
+  for r in site_recs:
+    if r["site"] not in order:
+      order.append(r["site"])
+  rank = {n: i for i, n in enumerate(order)}
+  site_recs.sort(key=lambda r: (r["step"], rank[r["site"]]))
+  sps = float(np.mean(timings[1:])) if len(timings) > 1 else math.nan
+  return PlaybackResult(site_recs, effects, order,
+                        localize(site_recs, order), sps)
+
+
+def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,
+             *, campaign_dir: str | os.PathLike | None = None,
+             steps: Sequence[int] | None = None,
+             select: str | Sequence[str] | None = None,
+             progress: Callable[[str], None] | None = None
+             ) -> PlaybackResult:
+  """Playback FI of a KUT at every saved checkpoint of a golden run.
+
+  For each saved step s (all but the last, or ``steps``): restore, and let a
+  :class:`Player` run the step with the golden kernel and the KUT tapped at
+  every selected site and with the KUT substituted (each jitted once).
+  Records are appended per checkpoint, so a killed playback resumes.
+
+  Args:
+    task: the golden run's task.
+    golden_dir: the golden run's workdir (or its checkpoint directory).
+    kut_spec: a spec of :func:`peat_jax.kernels.kut.resolve_kut`.
+    campaign_dir: where ``playback.msgpack`` goes (default: ``golden_dir``'s
+      parent). Finished steps found there are skipped.
+    steps: checkpoint steps to play back (default: all saved but the last).
+    select: narrow the spec's sites: an ``fnmatch`` pattern or site names.
+    progress: called with one line per step.
+
+  Returns:
+    A :class:`PlaybackResult`.
+
+  Raises:
+    PeatError: unknown spec, no selected site, a step that is not saved.
+  """
+  say = progress or (lambda s: None)
+  ckpt, path, steps, todo = playback_plan(golden_dir, kut_spec, campaign_dir,
+                                          steps)
+  player = None
+  timings = []
+  for s in todo:
+    t0 = time.perf_counter()
+    state = _golden.restore_state(ckpt, task, s)
+    if player is None:
+      player = Player(task, kut_spec, state,
+                      task.batch_at(int(state.data_position)), select=select)
+    recs = player.play(s, state)
+    append_records(path, recs)
+    timings.append(time.perf_counter() - t0)
+    sites, eff = recs[:-1], recs[-1]
+    worst = max(sites, key=lambda r: (
+        {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
+    say(f"playback step {s}: {len(sites)} sites, worst "
+        f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) at "
+        f"{worst['site']}; loss {eff['loss_golden']:.6g} -> "
+        f"{eff['loss_kut']:.6g} ({timings[-1]:.2f} s)")
+  for s in steps:
+    if s not in todo:
+      say(f"playback step {s}: done before, skipped")
+  return playback_result(path, steps, kut_spec,
+                         player.site_names if player else None, timings)
