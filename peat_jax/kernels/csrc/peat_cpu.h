@@ -8,40 +8,14 @@
 #include <string>
 #include <vector>
 
-#include "peat_numerics.h"
-#include "xla/ffi/api/ffi.h"
+#include "peat_ffi.h"
 
 #if defined(__SSE__) || defined(__x86_64__)
 #include <xmmintrin.h>
 #define PEAT_HAVE_MXCSR 1
 #endif
 
-// Handler symbols are looked up by name from Python (ctypes), so they keep
-// default visibility although the library is built with -fvisibility=hidden.
-#define PEAT_EXPORT_HANDLER(name) \
-  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* name( \
-      XLA_FFI_CallFrame* call_frame)
-
 namespace peat {
-
-namespace ffi = xla::ffi;
-
-// Maps an FFI dtype to the kernels' element type; false if unsupported.
-inline bool ToElem(ffi::DataType t, Elem* out) {
-  switch (t) {
-    case ffi::DataType::F32:
-      *out = Elem::kF32;
-      return true;
-    case ffi::DataType::BF16:
-      *out = Elem::kBf16;
-      return true;
-    case ffi::DataType::F16:
-      *out = Elem::kF16;
-      return true;
-    default:
-      return false;
-  }
-}
 
 inline std::string DimsString(ffi::AnyBuffer::Dimensions d) {
   std::string s = "(";

@@ -30,32 +30,9 @@ using gpuError_t = cudaError_t;
 #define gpuMemsetAsync cudaMemsetAsync
 #endif
 
-#include "peat_numerics.h"
-#include "xla/ffi/api/ffi.h"
-
-#define PEAT_EXPORT_HANDLER(name) \
-  extern "C" __attribute__((visibility("default"))) XLA_FFI_Error* name( \
-      XLA_FFI_CallFrame* call_frame)
+#include "peat_ffi.h"
 
 namespace peat {
-
-namespace ffi = xla::ffi;
-
-inline bool ToElem(ffi::DataType t, Elem* out) {
-  switch (t) {
-    case ffi::DataType::F32:
-      *out = Elem::kF32;
-      return true;
-    case ffi::DataType::BF16:
-      *out = Elem::kBf16;
-      return true;
-    case ffi::DataType::F16:
-      *out = Elem::kF16;
-      return true;
-    default:
-      return false;
-  }
-}
 
 inline ffi::Error LastError(const char* what) {
   gpuError_t e = gpuGetLastError();
