@@ -1,19 +1,30 @@
-"""Cost of playback FI: time per checkpoint and storage of its records.
+"""Cost of playback FI and runtime FI, and storage of playback records.
 
 Usage::
 
   python benchmarks/bench_campaign.py [--scenario=cnn] [--kut=native:conv2d:in_bf16]
+  python benchmarks/bench_campaign.py --scenario=gpt --kut=native:matmul:in_bf16
 
-In one process: a short golden run, then
+In one process: a short golden run, then, every ratio against the golden
+train step measured in the same run (median of ``--repeats`` warm calls):
 
-* time: playback cost per checkpoint (restore, tapped step, references,
-  signatures, diagnoses, substituted step; compilation excluded: the first
-  checkpoint is not counted) vs one golden train step (median of 30 warm
-  calls), and their ratio;
+* playback per checkpoint: ``Player.play`` on a restored state (tapped and
+  substituted steps in one jitted call, float64 references, signatures,
+  diagnoses, update difference), and of it the fused two-step call alone
+  (the compute floor of this design: one golden step with the KUT tapped at
+  every selected site plus one step with the KUT substituted); the Orbax
+  restore; and :func:`playback` end to end per checkpoint (warm mean, the
+  first checkpoint's compilation excluded), restoring in this thread
+  (``prefetch=0``) and in a background thread ahead of play
+  (``prefetch=1``);
+* runtime FI: one jitted step with the KUT substituted at every call, every
+  4th step and a seeded 25% of calls vs the plain golden step, each at
+  steps that cover the schedule (median of ``--repeats`` rounds of 4
+  consecutive steps, interleaved with the golden step);
 * storage: bytes of ``playback.msgpack`` vs storing every site's output
   activations (all sites of the step: fwd, bwd, upd) at every played-back
   step, and vs storing the selected sites' inputs and outputs (golden and
-  KUT), with the ratios.
+  KUT).
 """
 
 import os
@@ -24,16 +35,21 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 import numpy as np
 
 import peat_jax as peat
 from peat_jax import _campaign
+from peat_jax import _playback
+from peat_jax import _runtime
+from peat_jax import _sites_subst
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string("scenario", "cnn", "Training scenario.")
 _KUT = flags.DEFINE_string("kut", "native:conv2d:in_bf16", "KUT spec.")
 _CHECKPOINTS = flags.DEFINE_integer("checkpoints", 5,
                                     "Checkpoints played back.")
+_REPEATS = flags.DEFINE_integer("repeats", 15, "Repeats of each timing.")
 
 
 def _bytes(shapes, dtypes) -> int:
@@ -41,56 +57,127 @@ def _bytes(shapes, dtypes) -> int:
                  for s, d in zip(shapes, dtypes)))
 
 
+def _median(fn, n: int) -> float:
+  fn()  # warm (compiles)
+  times = []
+  for _ in range(n):
+    t0 = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def _steps(step, state, batch_at, n: int):
+  """Runs ``n`` consecutive steps from ``state`` and waits for the last."""
+  def run():
+    s = state
+    for _ in range(n):
+      s, m = step(s, batch_at(int(s.data_position)))
+    jax.block_until_ready(m["loss"])
+  return run
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   task = models.get_task(_SCENARIO.value)
-  n = _CHECKPOINTS.value
+  kut, n, reps = _KUT.value, _CHECKPOINTS.value, _REPEATS.value
+  rows = []
+
+  def row(what, seconds, base):
+    rows.append(f"| {what} | {seconds * 1e3:.1f} ms | {seconds / base:.2f} |")
+
   with tempfile.TemporaryDirectory() as tmp:
     g = peat.golden_train(task, os.path.join(tmp, "golden"), steps=2 * n,
                           checkpoint_every=2, evaluate=False)
-    state, batch = g.state, task.batch_at(int(g.state.data_position))
-    task.train_step(state, batch)  # warm
-    times = []
-    for _ in range(30):
-      t0 = time.perf_counter()
-      _, m = task.train_step(state, batch)
-      float(m["loss"])
-      times.append(time.perf_counter() - t0)
-    step_s = float(np.median(times))
-    pb = _campaign.playback(task, g.workdir, _KUT.value, campaign_dir=tmp)
-    rt = []
-    for st in g.steps[1:-1]:
-      t0 = time.perf_counter()
-      peat.restore_state(g.checkpoint_dir, task, st)
-      rt.append(time.perf_counter() - t0)
-    restore_s = float(np.mean(rt))
-    stored = os.path.getsize(os.path.join(tmp, _campaign.PLAYBACK_FILE))
+    state = peat.restore_state(g.checkpoint_dir, task, g.steps[1])
+    batch = task.batch_at(int(state.data_position))
+
+    def golden():
+      jax.block_until_ready(task.train_step(state, batch)[1]["loss"])
+
+    step_s = _median(golden, 2 * reps)
+    row("golden train step (median)", step_s, step_s)
+
+    # Playback: one checkpoint's parts, warm.
+    player = _playback.Player(task, kut, state, batch)
+    calls, _ = _playback.select_calls(task, state, batch, kut, None)
+    ksub = _sites_subst.Substitution(
+        calls[0].sub.kut, sites=tuple(c.site.name for c in calls))
+    kstep = jax.jit(peat.substitute(task.step_fn, ksub))
+    row("step with the KUT substituted (median)",
+        _median(lambda: jax.block_until_ready(kstep(state, batch)), reps),
+        step_s)
+    two = _median(lambda: jax.block_until_ready(
+        player._steps(state, batch)), reps)  # pylint: disable=protected-access
+    play = _median(lambda: player.play(g.steps[1], state), reps)
+    restore = _median(lambda: peat.restore_state(
+        g.checkpoint_dir, task, g.steps[1]), reps)
+    row("playback per checkpoint without the restore (`Player.play`)",
+        play, step_s)
+    row("of which: tapped + substituted steps (one jitted call)", two,
+        step_s)
+    row("checkpoint restore (Orbax, median)", restore, step_s)
+
+    # Playback end to end, both restore modes (a fresh Player each: the
+    # first checkpoint compiles and is not counted).
+    per = {}
+    for ahead in (0, 1):
+      d = os.path.join(tmp, f"pb{ahead}")
+      pb = _campaign.playback(task, g.workdir, kut, campaign_dir=d,
+                              prefetch=ahead)
+      per[ahead] = pb.seconds_per_step
+    steps = len(pb.effects)
+    row(f"`playback` per checkpoint, restore in turn (prefetch=0, warm mean "
+        f"of {steps - 1})", per[0], step_s)
+    row(f"`playback` per checkpoint, restore ahead (prefetch=1, warm mean "
+        f"of {steps - 1})", per[1], step_s)
+
+    # Runtime FI: substituted steps at each frequency vs the plain step.
+    runs = {"golden step (4 steps)": _steps(task.train_step, state,
+                                           task.batch_at, 4)}
+    for f in ("every", "every_4", "fraction_0.25"):
+      sched, label = _runtime.parse_frequency(f)
+      fstep = jax.jit(peat.substitute(task.step_fn,
+                                      ksub._replace(schedule=sched)))
+      runs[f"runtime FI, KUT at {label} (4 steps)"] = _steps(
+          fstep, state, task.batch_at, 4)
+    for fn in runs.values():
+      fn()  # compile
+    times = {k: [] for k in runs}
+    for _ in range(reps):
+      for k, fn in runs.items():
+        t0 = time.perf_counter()
+        fn()
+        times[k].append(time.perf_counter() - t0)
+    base4 = float(np.median(times["golden step (4 steps)"]))
+    for k, v in times.items():
+      row(k, float(np.median(v)), base4)
+
+    # Storage.
+    stored = os.path.getsize(os.path.join(tmp, "pb1", _campaign.PLAYBACK_FILE))
     table = peat.discover_sites(task.step_fn, state, batch)
     all_out = sum(_bytes(s.out_shapes, s.out_dtypes) for s in table)
     sel = [s for s in table if s.name in set(pb.sites)]
     sel_io = sum(_bytes(s.in_shapes, s.in_dtypes)
                  + 2 * _bytes(s.out_shapes, s.out_dtypes) for s in sel)
-    steps = len(pb.effects)
-    print(f"scenario {task.name}, KUT {_KUT.value}, {len(pb.sites)} selected "
-          f"sites of {len(table)}, {steps} checkpoints played back")
-    print("| quantity | value | ratio |")
-    print("| --- | --- | --- |")
-    print(f"| golden train step (median of 30) | {step_s * 1e3:.2f} ms | 1 |")
-    print(f"| playback per checkpoint (warm mean of {steps - 1}) | "
-          f"{pb.seconds_per_step * 1e3:.1f} ms | "
-          f"{pb.seconds_per_step / step_s:.1f} |")
-    print(f"| of which: checkpoint restore (Orbax, mean) | "
-          f"{restore_s * 1e3:.1f} ms | {restore_s / step_s:.1f} |")
-    print(f"| playback per checkpoint without the restore | "
-          f"{(pb.seconds_per_step - restore_s) * 1e3:.1f} ms | "
-          f"{(pb.seconds_per_step - restore_s) / step_s:.1f} |")
-    print(f"| playback.msgpack ({len(pb.records)} site records) | "
-          f"{stored / 1024:.1f} KiB | 1 |")
-    print(f"| every site's outputs at every step | "
-          f"{all_out * steps / 2**20:.2f} MiB | {all_out * steps / stored:.0f} |")
-    print(f"| selected sites' inputs + golden + KUT outputs | "
-          f"{sel_io * steps / 2**20:.2f} MiB | {sel_io * steps / stored:.0f} |")
+
+  print(f"scenario {task.name}, KUT {kut}, {len(pb.sites)} selected sites of "
+        f"{len(table)}, {steps} checkpoints played back, "
+        f"{os.cpu_count()} CPUs, load average "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+  print("| quantity | time | ratio to the golden step |")
+  print("| --- | --- | --- |")
+  print("\n".join(rows))
+  print()
+  print("| storage | size | ratio to playback.msgpack |")
+  print("| --- | --- | --- |")
+  print(f"| playback.msgpack ({len(pb.records)} site records) | "
+        f"{stored / 1024:.1f} KiB | 1 |")
+  print(f"| every site's outputs at every step | "
+        f"{all_out * steps / 2**20:.2f} MiB | {all_out * steps / stored:.0f} |")
+  print(f"| selected sites' inputs + golden + KUT outputs | "
+        f"{sel_io * steps / 2**20:.2f} MiB | {sel_io * steps / stored:.0f} |")
   return 0
 
 

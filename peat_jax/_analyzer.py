@@ -470,6 +470,11 @@ def _sint(dtype):
   return {16: jnp.int16, 32: jnp.int32, 64: jnp.int64}[_bits_of(dtype)]
 
 
+def _from_bits(u: Array, dtype) -> Array:
+  """Values of dtype `dtype` from their unsigned bit patterns."""
+  return lax.bitcast_convert_type(u, dtype)
+
+
 def _words(x: Array) -> list[Array]:
   """Splits unsigned bit patterns into uint32 words (low word first)."""
   if x.dtype == jnp.uint64:
@@ -494,35 +499,109 @@ def _hash32(u: Array, mul: int, add: int) -> Array:
   return h
 
 
-def _representable(x: Array) -> Array:
-  """bool[..., 5]-like list: x exactly representable in NARROW_FORMATS."""
-  fin = jnp.isfinite(x)
-  x32 = x.astype(jnp.float32)
+# NARROW_FORMATS as (mantissa bits, smallest and largest normal exponent,
+# largest significand at the largest exponent as a (mantissa bits + 1)-bit
+# integer: all ones, but 1.110b for e4m3fn, whose 1.111b is NaN); tf32 is
+# 10 mantissa bits with float32's range.
+_NARROW_SPECS = {
+    "bf16": (7, -126, 127, 255),
+    "fp16": (10, -14, 15, 2047),
+    "tf32": (10, -126, 127, 2047),
+    "fp8_e4m3": (3, -6, 8, 14),
+    "fp8_e5m2": (2, -14, 15, 7),
+}
+
+
+def _representable(u: Array, dtype) -> list[Array]:
+  """Per NARROW_FORMATS: the value with bit pattern u is exactly representable.
+
+  Exact, in integer arithmetic on the bit pattern (a float round trip and
+  comparison would be blurred by XLA:CPU's denormal flushing): x is finite
+  and either +-0, or the lowest set bit of x's significand is at or above
+  the format's resolution at x (its highest set bit minus the format's
+  mantissa bits, never below the format's smallest subnormal) and x is at
+  most the format's maximum. The rule of `Representable` in
+  csrc/signature.h. Takes bit patterns that do not come from float
+  arithmetic of the same XLA fusion (see `_accumulate_bits`).
+
+  Args:
+    u: unsigned bit patterns of values of float dtype `dtype`.
+    dtype: the values' dtype.
+
+  Returns:
+    A list of 5 bool arrays shaped like u.
+  """
+  dtype = np.dtype(dtype)
+  finfo = jnp.finfo(dtype)
+  nbits = _bits_of(dtype)
+  nmant = finfo.nmant
+  bias = finfo.maxexp - 1
+  ut = u.dtype
+  si = jnp.int32
+  mag = u & jnp.array((1 << (nbits - 1)) - 1, ut)
+  expf = (mag >> jnp.array(nmant, ut)).astype(si)
+  man = mag & jnp.array((1 << nmant) - 1, ut)
+  normal = expf != 0
+  sig = jnp.where(normal, man | jnp.array(1 << nmant, ut), man)
+  q = jnp.where(normal, expf, 1) - (bias + nmant)
+  low = q + lax.population_count((sig & (~sig + jnp.array(1, ut))) -
+                                 jnp.array(1, ut)).astype(si)
+  span = (nbits - 1) - lax.clz(sig).astype(si)  # highest set bit of sig
+  high = q + span
+  finite = expf != (2 * bias + 1)
+  zero = mag == 0
   out = []
   for fmt in NARROW_FORMATS:
-    if fmt == "tf32":
-      b = lax.bitcast_convert_type(x32, jnp.uint32)
-      ok = ((b & jnp.uint32(0x1FFF)) == 0) & (x32.astype(x.dtype) == x)
-    else:
-      nd = {"bf16": jnp.bfloat16, "fp16": jnp.float16,
-            "fp8_e4m3": jnp.float8_e4m3fn, "fp8_e5m2": jnp.float8_e5m2}[fmt]
-      ok = x.astype(nd).astype(x.dtype) == x
-    out.append(ok & fin)
+    m, emin, emax, max_top = _NARROW_SPECS[fmt]
+    shift = span - m
+    top = jnp.where(shift >= 0,
+                    sig >> jnp.maximum(shift, 0).astype(ut),
+                    sig << jnp.maximum(-shift, 0).astype(ut))
+    in_range = (high < emax) | ((high == emax) &
+                                (top <= jnp.array(max_top, ut)))
+    fits = in_range & (low >= jnp.maximum(high - m, emin - m))
+    out.append(finite & (zero | fits))
   return out
+
+
+def _div_by_max(a: Array, m: Array) -> Array:
+  """a / m for 0 <= a <= m (m broadcast against a), safe for any m.
+
+  XLA rewrites a division by a broadcast into a multiplication by its
+  reciprocal, which is subnormal (flushed to zero on CPU) for m >= 2**126.
+  So a and m are first scaled by two exact powers of two that bring m into
+  [1, 2); 0 where m is 0.
+  """
+  finfo = jnp.finfo(m.dtype)
+  uint = {4: jnp.uint32, 8: jnp.uint64}[m.dtype.itemsize]
+  sint = {4: jnp.int32, 8: jnp.int64}[m.dtype.itemsize]
+  bias = finfo.maxexp - 1
+  expo = ((lax.bitcast_convert_type(m, uint) >> finfo.nmant).astype(sint) &
+          (2 * bias + 1)) - bias
+  lo = expo // 2
+  hi = expo - lo
+
+  def pow2(k):  # 2**-k, k in [-64, 64]: a normal number
+    return lax.bitcast_convert_type(((bias - k).astype(uint)) << finfo.nmant,
+                                    m.dtype)
+
+  s1, s2 = pow2(lo), pow2(hi)
+  mn = (m * s1) * s2
+  return jnp.where(m > 0, ((a * s1) * s2) / jnp.where(m > 0, mn, 1.0), 0.0)
 
 
 def _row_scaled_sumsq(a: Array, axis: int) -> tuple[Array, Array]:
   """(max, sum((a / max)**2)) along `axis` of a nonnegative finite array."""
   m = jnp.max(a, axis=axis)
-  inv = jnp.where(m > 0, 1.0 / jnp.where(m > 0, m, 1.0), 0.0).astype(a.dtype)
-  s = jnp.sum(jnp.square(a * jnp.expand_dims(inv, axis)), axis=axis)
+  s = jnp.sum(jnp.square(_div_by_max(a, jnp.expand_dims(m, axis))),
+              axis=axis)
   return m, s
 
 
 def _combine_scaled(m: Array, s: Array) -> tuple[Array, Array]:
   """Reduces per-row (max, scaled sumsq) vectors to scalars."""
   mm = jnp.max(m)
-  f = jnp.where(mm > 0, m / jnp.where(mm > 0, mm, 1.0), 0.0)
+  f = _div_by_max(m, mm)
   return mm, jnp.sum(s * f * f)
 
 
@@ -559,23 +638,26 @@ def _sample_index(n: int) -> np.ndarray | None:
 # --------------------------------------------------------------------------
 
 
-def _element_words(t: Array, g: Array) -> tuple[list[Array], list[Array]]:
+def _element_words(ut: Array, ug: Array,
+                   dtype) -> tuple[list[Array], list[Array]]:
   """Per-element uint32 words whose per-bit counts give the exact counts.
+
+  Takes the bit patterns `ut`, `ug` of records of dtype `dtype` (see
+  `_accumulate_bits` for why not the values).
 
   Returns (words, hash_words): words = [flags, up..., down..., ulp...] where
   `flags` packs the _F_* conditions, `up`/`down` are the bits forced to 1/0
   (two words each for float64) and `ulp` is the smeared ULP distance (bit k
   set iff distance >= 2**k); hash_words are 4 order-free hash terms.
   """
-  dtype = t.dtype
   nbits = _bits_of(dtype)
   cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
   finfo = jnp.finfo(dtype)
   fmax = jnp.asarray(finfo.max, cdt)
-  ut = lax.bitcast_convert_type(t, _uint(dtype))
-  ug = lax.bitcast_convert_type(g, _uint(dtype))
-  st = lax.bitcast_convert_type(t, _sint(dtype))
-  sg = lax.bitcast_convert_type(g, _sint(dtype))
+  t = _from_bits(ut, dtype)
+  g = _from_bits(ug, dtype)
+  st = lax.bitcast_convert_type(ut, _sint(dtype))
+  sg = lax.bitcast_convert_type(ug, _sint(dtype))
   tc = t.astype(cdt)
   gc = g.astype(cdt)
   fin_t = jnp.isfinite(t)
@@ -641,8 +723,8 @@ def _element_words(t: Array, g: Array) -> tuple[list[Array], list[Array]]:
   for u in (ut, ug):
     ws = _words(u)
     w = ws[0] if len(ws) == 1 else ws[0] ^ _hash32(ws[1], 0x27D4EB2F, 7)
-    hw += [_hash32(w, 0x9E3779B1, 0x7F4A7C15), _hash32(w, 0x85EBCA77,
-                                                        0x165667B1)]
+    # A mixed hash and the plain pattern (both summed with wrap-around).
+    hw += [_hash32(w, 0x9E3779B1, 0x7F4A7C15), w]
   return words, hw
 
 
@@ -653,19 +735,20 @@ _FLOAT_OPS = {
 }
 
 
-def _element_floats(t: Array, g: Array) -> dict[str, Array]:
+def _element_floats(ut: Array, ug: Array, dtype) -> dict[str, Array]:
   """Per-element float quantities reduced by the statistics pass.
+
+  Takes bit patterns, as `_element_words`.
 
   Keys as in _FLOAT_OPS: "add" ones are summed, "min"/"max" reduced, "ss"
   ones kept as (max, scaled sum of squares).
   """
-  dtype = t.dtype
   cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
   finfo = jnp.finfo(dtype)
   tiny = jnp.asarray(finfo.tiny, cdt)
   big = jnp.asarray(jnp.finfo(cdt).max, cdt)
-  ut = lax.bitcast_convert_type(t, _uint(dtype))
-  ug = lax.bitcast_convert_type(g, _uint(dtype))
+  t = _from_bits(ut, dtype)
+  g = _from_bits(ug, dtype)
   tc = t.astype(cdt)
   gc = g.astype(cdt)
   fp = jnp.isfinite(t) & jnp.isfinite(g)
@@ -714,8 +797,8 @@ def _float_update(acc, vals):
     else:
       m, s = a
       m2 = jnp.maximum(m, x)
-      r = jnp.where(m2 > 0, 1.0 / jnp.where(m2 > 0, m2, 1.0), 0.0)
-      out[k] = (m2, s * jnp.square(m * r) + jnp.square(x * r))
+      safe = jnp.where(m2 > 0, m2, 1.0)
+      out[k] = (m2, s * jnp.square(m / safe) + jnp.square(x / safe))
   return out
 
 
@@ -818,13 +901,16 @@ def _plane_counts(planes: tuple[Array, ...]) -> Array:
   shifts = jnp.arange(32, dtype=jnp.uint32)
   total = jnp.zeros((32,), jnp.int32)
   for l, p in enumerate(planes):
-    c = jnp.sum(((p[:, None] >> shifts) & 1).astype(jnp.int32), axis=0)
+    c = jnp.sum(((p[:, None] >> shifts) & 1).astype(jnp.int32), axis=0,
+                dtype=jnp.int32)
     total = total + (c << l)
   return total
 
 
-def _count_pass(t: Array, g: Array):
+def _count_pass(t: Array, g: Array, dtype):
   """Exact per-bit counts of `_element_words` over flat t, g (one pass).
+
+  `t`, `g` are the records' bit patterns (unsigned), of dtype `dtype`.
 
   Carry-save (bit-sliced) counting: a `lax.scan` takes _GROUP x _WIDTH
   elements per step, adds the _GROUP words of each lane with a tree of
@@ -840,7 +926,7 @@ def _count_pass(t: Array, g: Array):
     reduced `_element_floats` (dict; "ss" entries as (max, scaled sumsq)).
   """
   n = t.shape[0]
-  nbits = _bits_of(t.dtype)
+  nbits = _bits_of(dtype)
   # Small records use narrower steps (powers of two, 32 .. _WIDTH lanes).
   width = _WIDTH
   while width > 32 and _GROUP * width * 16 > n:
@@ -862,22 +948,22 @@ def _count_pass(t: Array, g: Array):
       out.append(_accumulate_planes(planes[i], cnt))
     return tuple(out)
 
-  cdt = jnp.float64 if t.dtype == jnp.float64 else jnp.float32
+  cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
   fl = None
   if steps == 1:
     tb, gb = t[:main].reshape(_GROUP, width), g[:main].reshape(_GROUP, width)
-    ws, hw = _element_words(tb, gb)
+    ws, hw = _element_words(tb, gb, dtype)
     planes = add_block(planes, ws)
     hsum = [jnp.sum(x, dtype=jnp.uint32) for x in hw]
-    fl = _float_reduce(_element_floats(tb, gb), scaled=False)
+    fl = _float_reduce(_element_floats(tb, gb, dtype), scaled=False)
   elif steps:
 
     def body(acc, tg):
       planes, hsh, facc = acc
-      ws, hw = _element_words(*tg)  # each (_GROUP, width)
+      ws, hw = _element_words(*tg, dtype)  # each (_GROUP, width)
       hsh = tuple(h + jnp.sum(x, axis=0, dtype=jnp.uint32)
                   for h, x in zip(hsh, hw))
-      facc = _float_update(facc, _element_floats(*tg))
+      facc = _float_update(facc, _element_floats(*tg, dtype))
       return (add_block(planes, ws), hsh, facc), None
 
     init = (planes, tuple(zero for _ in range(4)),
@@ -890,12 +976,13 @@ def _count_pass(t: Array, g: Array):
     fl = _float_reduce(facc, scaled=True)
   if main < n:
     # The tail's words, zero-padded to one block (zero words count nothing).
-    ws, hw = _element_words(t[main:], g[main:])
+    ws, hw = _element_words(t[main:], g[main:], dtype)
     ws = [jnp.pad(w, (0, per_step - (n - main))).reshape(_GROUP, width)
           for w in ws]
     planes = add_block(planes, ws)
     hsum = [a + jnp.sum(x, dtype=jnp.uint32) for a, x in zip(hsum, hw)]
-    ft = _float_reduce(_element_floats(t[main:], g[main:]), scaled=False)
+    ft = _float_reduce(_element_floats(t[main:], g[main:], dtype),
+                       scaled=False)
     fl = ft if fl is None else _float_merge(fl, ft)
   per_word = [_plane_counts(p) for p in planes]
   flags = per_word[0]
@@ -951,23 +1038,96 @@ def _shift_tests(tb: Array, gb: Array, rows: int, cols: int):
   return col_m, col_n, row_m, row_n, tr_m, tr_n
 
 
+def _sampled_stats(ut: Array, ug: Array, dtype) -> dict[str, Array]:
+  """Percentile histograms and representability of the sampled elements.
+
+  The sample is `_sample_index(n)` (all elements when n <= PCT_SAMPLE);
+  |d| and rel are computed on it with the formulas of `_accumulate`.
+
+  Args:
+    ut: bit patterns of the test record (see `_accumulate_bits`).
+    ug: bit patterns of the golden record, same shape.
+    dtype: the records' float dtype.
+
+  Returns:
+    hist_abs, hist_rel, pct_n, sample_n, repr_t, repr_g (SignatureState
+    fields).
+  """
+  cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
+  tiny = jnp.asarray(jnp.finfo(dtype).tiny, cdt)
+  big = jnp.asarray(jnp.finfo(cdt).max, cdt)
+  ut_f, ug_f = ut.reshape(-1), ug.reshape(-1)
+  idx = _sample_index(ut_f.shape[0])
+  if idx is not None:
+    ut_f, ug_f = ut_f[idx], ug_f[idx]
+  t_f, g_f = _from_bits(ut_f, dtype), _from_bits(ug_f, dtype)
+  fp_f = jnp.isfinite(t_f) & jnp.isfinite(g_f)
+  d = jnp.where(fp_f, t_f.astype(cdt) - g_f.astype(cdt), 0.0)
+  ad_f = jnp.minimum(jnp.abs(d), big)
+  rel_f = jnp.where(
+      fp_f, jnp.minimum(ad_f / jnp.maximum(jnp.abs(g_f.astype(cdt)), tiny),
+                        big), 0.0)
+  hw = fp_f.astype(jnp.int32)
+  return dict(
+      hist_abs=jnp.zeros((HIST_BUCKETS,), jnp.int32).at[
+          _hist_index(ad_f)].add(hw),
+      hist_rel=jnp.zeros((HIST_BUCKETS,), jnp.int32).at[
+          _hist_index(rel_f)].add(hw),
+      pct_n=jnp.sum(hw, dtype=jnp.int32),
+      sample_n=jnp.int32(t_f.shape[0]),
+      repr_t=jnp.stack([jnp.sum(r, dtype=jnp.int32)
+                        for r in _representable(ut_f, dtype)]),
+      repr_g=jnp.stack([jnp.sum(r, dtype=jnp.int32)
+                        for r in _representable(ug_f, dtype)]))
+
+
 def _accumulate(t: Array, g: Array, ref_hi: Array | None,
                 ref_lo: Array | None) -> SignatureState:
-  """One record -> SignatureState. Pure; shapes are static."""
-  dtype = t.dtype
+  """One record -> SignatureState (pure JAX). Pure; shapes are static."""
+  hi_bits = None
+  if ref_hi is not None:
+    hi_bits = lax.bitcast_convert_type(ref_hi.astype(jnp.float32), jnp.uint32)
+  return _accumulate_bits(lax.bitcast_convert_type(t, _uint(t.dtype)),
+                          lax.bitcast_convert_type(g, _uint(g.dtype)),
+                          hi_bits, ref_lo, t.dtype)
+
+
+def _accumulate_bits(ut: Array, ug: Array, ref_hi_bits: Array | None,
+                     ref_lo: Array | None, dtype) -> SignatureState:
+  """One record, given as bit patterns, -> SignatureState (pure JAX).
+
+  The zero and subnormal tests are integer tests of the bit patterns. When
+  the same XLA:CPU fusion also does float arithmetic on the values bitcast
+  from them, LLVM may rewrite such a test into a float comparison, which
+  XLA:CPU's denormal flushing then answers "zero" for a subnormal. Passing
+  bit patterns that come from a separate executable (`_bits_jit`) rules
+  that out; `_accumulate` (traced, e.g. on GPU, where nothing is flushed)
+  bitcasts in place.
+
+  Args:
+    ut: unsigned bit patterns of the test record.
+    ug: unsigned bit patterns of the golden record.
+    ref_hi_bits: optional uint32 bit patterns of the float32 high part of the
+      reference (its sign and zero tests are bit tests too).
+    ref_lo: optional float32 low part.
+    dtype: the records' float dtype.
+
+  Returns:
+    The `SignatureState`.
+  """
+  dtype = np.dtype(dtype)
   cdt = jnp.float64 if dtype == jnp.float64 else jnp.float32
   finfo = jnp.finfo(dtype)
   cfinfo = jnp.finfo(cdt)
   tiny = jnp.asarray(finfo.tiny, cdt)
   big = jnp.asarray(cfinfo.max, cdt)
-  shape = t.shape
+  shape = ut.shape
   n = int(math.prod(shape))
   rows, cols = _view2d(shape)
-  t = t.reshape(rows, cols)
-  g = g.reshape(rows, cols)
-
-  ut = lax.bitcast_convert_type(t, _uint(dtype))
-  ug = lax.bitcast_convert_type(g, _uint(dtype))
+  ut = ut.reshape(rows, cols)
+  ug = ug.reshape(rows, cols)
+  t = _from_bits(ut, dtype)
+  g = _from_bits(ug, dtype)
   tc = t.astype(cdt)
   gc = g.astype(cdt)
 
@@ -983,7 +1143,7 @@ def _accumulate(t: Array, g: Array, ref_hi: Array | None,
   rel = jnp.where(fp, rel, 0.0)
 
   flags, bits_up, bits_down, ulp_cum, hash_t, hash_g, fl = _count_pass(
-      t.reshape(-1), g.reshape(-1))
+      ut.reshape(-1), ug.reshape(-1), dtype)
   rel_max, rel_sqs = fl["rel"]
   g_absmax, g_sqs = fl["g"]
 
@@ -1007,28 +1167,12 @@ def _accumulate(t: Array, g: Array, ref_hi: Array | None,
 
   shifts = _shift_tests(ut, ug, rows, cols)
 
-  # Percentile histograms (over a jittered stratified sample if large).
-  idx = _sample_index(n)
-  ad_f, rel_f, fp_f = ad.reshape(-1), rel.reshape(-1), fp.reshape(-1)
-  if idx is not None:
-    ad_f, rel_f, fp_f = ad_f[idx], rel_f[idx], fp_f[idx]
-  hw = fp_f.astype(jnp.int32)
-  t_f, g_f = t.reshape(-1), g.reshape(-1)
-  if idx is not None:
-    t_f, g_f = t_f[idx], g_f[idx]
-  repr_t = jnp.stack([jnp.sum(r, dtype=jnp.int32)
-                      for r in _representable(t_f)])
-  repr_g = jnp.stack([jnp.sum(r, dtype=jnp.int32)
-                      for r in _representable(g_f)])
-  hist_abs = jnp.zeros((HIST_BUCKETS,), jnp.int32).at[
-      _hist_index(ad_f)].add(hw)
-  hist_rel = jnp.zeros((HIST_BUCKETS,), jnp.int32).at[
-      _hist_index(rel_f)].add(hw)
-  pct_n = jnp.sum(hw)
+  sampled = _sampled_stats(ut, ug, dtype)
 
   # Reference (double-float r = hi + lo, float32 halves).
-  if ref_hi is not None:
-    hi = ref_hi.reshape(rows, cols).astype(cdt)
+  if ref_hi_bits is not None:
+    hb = ref_hi_bits.reshape(rows, cols)
+    hi = lax.bitcast_convert_type(hb, jnp.float32).astype(cdt)
     lo = ref_lo.reshape(rows, cols).astype(cdt)
     ok = fp & jnp.isfinite(hi)
     et = jnp.where(ok, jnp.minimum(jnp.abs((tc - hi) - lo), big), 0.0)
@@ -1042,16 +1186,20 @@ def _accumulate(t: Array, g: Array, ref_hi: Array | None,
         ref_steps=jnp.int32(1), ref_n=jnp.sum(ok, dtype=jnp.int32),
         ref_t_max=ref_t_max, ref_t_sqs=ref_t_sqs, ref_g_max=ref_g_max,
         ref_g_sqs=ref_g_sqs,
-        ref_t_rel_sum=jnp.sum(jnp.minimum(et / den, big)),
-        ref_g_rel_sum=jnp.sum(jnp.minimum(eg / den, big)),
+        # Only where t, g, r are finite (den is NaN where r is).
+        ref_t_rel_sum=jnp.sum(jnp.where(ok, jnp.minimum(et / den, big), 0.0)),
+        ref_g_rel_sum=jnp.sum(jnp.where(ok, jnp.minimum(eg / den, big), 0.0)),
         ref_t_closer=jnp.sum(ok & (et < eg), dtype=jnp.int32),
         ref_g_closer=jnp.sum(ok & (eg < et), dtype=jnp.int32))
     # Direction of each side's error relative to r: toward zero (|x| < |r|)
     # or away from it. Round toward zero moves every element toward zero.
-    pos = hi > 0
+    # r's sign and zero tests use its high part's bits (exact for subnormal
+    # parts, which float comparisons under flushing would read as zero).
+    r_nonzero = (hb << jnp.uint32(1)) != 0
+    pos = r_nonzero & ((hb >> jnp.uint32(31)) == 0)
     for side, x in (("t", tc), ("g", gc)):
       dx = (x - hi) - lo
-      moved = ok & (hi != 0) & (dx != 0)
+      moved = ok & r_nonzero & (dx != 0)
       ref[f"ref_{side}_shrunk"] = jnp.sum(moved & ((dx < 0) == pos),
                                           dtype=jnp.int32)
       ref[f"ref_{side}_grown"] = jnp.sum(moved & ((dx > 0) == pos),
@@ -1064,7 +1212,9 @@ def _accumulate(t: Array, g: Array, ref_hi: Array | None,
                ref_g_rel_sum=z, ref_t_closer=zi, ref_g_closer=zi,
                ref_t_shrunk=zi, ref_t_grown=zi, ref_g_shrunk=zi,
                ref_g_grown=zi)
-  zeroed = fin_g & (g != 0) & (t == 0)
+  # The elements counted in n_zeroed (bit tests: t is +-0, g finite, not 0).
+  one = jnp.array(1, ut.dtype)
+  zeroed = fin_g & ((ug << one) != 0) & ((ut << one) == 0)
   ref["zeroed_g_max"] = jnp.max(jnp.where(zeroed, jnp.abs(gc), 0.0))
 
   return SignatureState(
@@ -1081,9 +1231,93 @@ def _accumulate(t: Array, g: Array, ref_hi: Array | None,
       slope_sums=slope_sums, hash_t=hash_t, hash_g=hash_g,
       shift_col_match=shifts[0], shift_col_n=shifts[1],
       shift_row_match=shifts[2], shift_row_n=shifts[3],
-      transpose_match=shifts[4], transpose_n=shifts[5], hist_abs=hist_abs,
-      hist_rel=hist_rel, pct_n=pct_n, sample_n=jnp.int32(t_f.shape[0]),
-      repr_t=repr_t, repr_g=repr_g, **ref)
+      transpose_match=shifts[4], transpose_n=shifts[5], **sampled, **ref)
+
+
+# Float outputs of the native pass, in the order of csrc/signature.h.
+_NATIVE_FLOATS = (
+    "err_sum", "mag_err_sum", "rel_max", "rel_sum", "rel_sqs", "g_absmax",
+    "g_sqs", "ratio_min", "ratio_max", "logratio_sum", "sx", "sy", "sxy",
+    "sxx", "syy", "zeroed_g_max", "ref_t_max", "ref_t_sqs", "ref_g_max",
+    "ref_g_sqs", "ref_t_rel_sum", "ref_g_rel_sum")
+# Reference counts of the native pass, in the order of csrc/signature.h.
+_NATIVE_REF_COUNTS = ("ref_n", "ref_t_closer", "ref_g_closer",
+                      "ref_t_shrunk", "ref_t_grown", "ref_g_shrunk",
+                      "ref_g_grown")
+
+
+def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,
+                       ref_lo: Array | None) -> SignatureState:
+  """`_accumulate` on CPU: the full pass is the native kernel.
+
+  `peat_jax/kernels/csrc/signature.cc` reads t and g (and the reference)
+  once and returns every statistic but the shift tests (`_shift_tests`,
+  a few thousand elements, in JAX); the sampled statistics
+  (`_sampled_stats`) are taken from the same sample, on the same formulas. Same state as `_accumulate`: counts,
+  histograms and hashes exactly, float sums up to summation order (the
+  native sums run per lane in float32, combined in float64; sums of squares
+  in float64); see tests/test_analyzer_native.py for the tolerances.
+
+  Args:
+    t: test record.
+    g: golden record (same shape and dtype).
+    ref_hi: optional float32 high part of the reference.
+    ref_lo: optional float32 low part.
+
+  Returns:
+    The `SignatureState` of this record.
+  """
+  from peat_jax.kernels import _ffi  # pylint: disable=g-import-not-at-top
+
+  dtype = t.dtype
+  shape = t.shape
+  n = int(math.prod(shape))
+  nbits = _bits_of(dtype)
+  rows, cols = _view2d(shape)
+  t = t.reshape(rows, cols)
+  g = g.reshape(rows, cols)
+  has_ref = ref_hi is not None
+  if has_ref:
+    ref_hi = ref_hi.reshape(rows, cols).astype(jnp.float32)
+    ref_lo = ref_lo.reshape(rows, cols).astype(jnp.float32)
+  (ints, hashes, floats, row_ndiff, row_abs_max, row_abs_sum, row_abs_sqs,
+   col_ndiff, col_abs_sum, tile_ndiff, hist_abs, hist_rel,
+   sample_counts) = _ffi.signature_pass(t, g, ref_hi, ref_lo)
+  nf = len(NARROW_FORMATS)
+  sampled = dict(hist_abs=hist_abs, hist_rel=hist_rel,
+                 pct_n=sample_counts[0], sample_n=sample_counts[1],
+                 repr_t=sample_counts[2:2 + nf],
+                 repr_g=sample_counts[2 + nf:2 + 2 * nf])
+  k = _ffi.SIGNATURE_FLAG_SLOTS
+  fl = {name: floats[i] for i, name in enumerate(_NATIVE_FLOATS)}
+  refc = {name: ints[k + 3 * nbits + i]
+          for i, name in enumerate(_NATIVE_REF_COUNTS)}
+  ut = lax.bitcast_convert_type(t, _uint(dtype))
+  ug = lax.bitcast_convert_type(g, _uint(dtype))
+  shifts = _shift_tests(ut, ug, rows, cols)
+  ref = {name: fl[name] for name in _NATIVE_FLOATS if name.startswith("ref")}
+  ref.update(refc)
+  ref["ref_steps"] = jnp.int32(1 if has_ref else 0)
+  return SignatureState(
+      steps=jnp.int32(1),
+      dtype_code=jnp.int32(_DTYPE_CODE[_SUPPORTED[np.dtype(dtype)]]),
+      n=jnp.int32(n), flags=ints[:k], bits_up=ints[k:k + nbits],
+      bits_down=ints[k + nbits:k + 2 * nbits],
+      ulp_cum=ints[k + 2 * nbits:k + 3 * nbits], row_ndiff=row_ndiff,
+      row_abs_max=row_abs_max, row_abs_sum=row_abs_sum,
+      row_abs_sqs=row_abs_sqs, col_ndiff=col_ndiff, col_abs_sum=col_abs_sum,
+      tile_ndiff=tile_ndiff, err_sum=fl["err_sum"],
+      mag_err_sum=fl["mag_err_sum"], rel_max=fl["rel_max"],
+      rel_sum=fl["rel_sum"], rel_sqs=fl["rel_sqs"], g_absmax=fl["g_absmax"],
+      g_sqs=fl["g_sqs"], ratio_min=fl["ratio_min"],
+      ratio_max=fl["ratio_max"], logratio_sum=fl["logratio_sum"],
+      slope_sums=jnp.stack([fl[x] for x in ("sx", "sy", "sxy", "sxx",
+                                            "syy")]),
+      hash_t=hashes[:2], hash_g=hashes[2:],
+      shift_col_match=shifts[0], shift_col_n=shifts[1],
+      shift_row_match=shifts[2], shift_row_n=shifts[3],
+      transpose_match=shifts[4], transpose_n=shifts[5],
+      zeroed_g_max=fl["zeroed_g_max"], **sampled, **ref)
 
 
 def _merge(a: SignatureState, b: SignatureState) -> SignatureState:
@@ -1138,14 +1372,28 @@ def _finalize(s: SignatureState) -> Signature:
     return c.astype(f32) / nf
 
   abs_max, abs_sqs = _combine_scaled(s.row_abs_max, s.row_abs_sqs)
-  abs_rms = abs_max * jnp.sqrt(abs_sqs / nfp_c)
+
+  def rms(vmax, sqs, count):
+    # sqrt(mean(x**2)) = max * sqrt(sum((x / max)**2) / count); the mean of
+    # squares <= 1 up to rounding, clamped so that RMS <= max (no overflow
+    # to Inf when max is near the dtype's largest value).
+    return vmax * jnp.sqrt(jnp.minimum(sqs / count, 1.0))
+
+  abs_rms = rms(abs_max, abs_sqs, nfp_c)
   abs_mean = jnp.sum(s.row_abs_sum) / nfp_c
-  rel_rms = s.rel_max * jnp.sqrt(s.rel_sqs / nfp_c)
+  rel_rms = rms(s.rel_max, s.rel_sqs, nfp_c)
   err_mean = s.err_sum / nfp_c
-  safe_rms = jnp.where(abs_rms > 0, abs_rms, 1.0)
-  bias = jnp.where(abs_rms > 0, err_mean / safe_rms, 0.0)
-  mag_bias = jnp.where(rel_rms > 0, s.mag_err_sum / nfp_c / jnp.where(
-      rel_rms > 0, rel_rms, 1.0), 0.0)
+
+  def bounded(mean, rms_):
+    # mean / rms, in [-1, 1] (|mean| <= rms); 0 where rms is 0 or the mean
+    # is undefined (a float sum of huge terms can reach Inf - Inf). Scaled
+    # by powers of two first (_div_by_max): 1 / rms is flushed to zero on
+    # CPU when rms >= 2**126.
+    r = jnp.clip(_div_by_max(mean, rms_), -1.0, 1.0)
+    return jnp.where((rms_ > 0) & ~jnp.isnan(r), r, 0.0)
+
+  bias = bounded(err_mean, abs_rms)
+  mag_bias = bounded(s.mag_err_sum / nfp_c, rel_rms)
   # ULP histogram from cumulative counts.
   c = s.ulp_cum
   ulp_hist = jnp.concatenate([
@@ -1216,8 +1464,8 @@ def _finalize(s: SignatureState) -> Signature:
   # Reference.
   has_ref = s.ref_steps > 0
   nref = jnp.maximum(s.ref_n, 1).astype(cdt)
-  rt_rms = s.ref_t_max * jnp.sqrt(s.ref_t_sqs / nref)
-  rg_rms = s.ref_g_max * jnp.sqrt(s.ref_g_sqs / nref)
+  rt_rms = rms(s.ref_t_max, s.ref_t_sqs, nref)
+  rg_rms = rms(s.ref_g_max, s.ref_g_sqs, nref)
   ratio = jnp.where(rg_rms > 0, rt_rms / jnp.where(rg_rms > 0, rg_rms, 1.0),
                     jnp.where(rt_rms > 0, jnp.inf, 1.0))
   nan = jnp.asarray(jnp.nan, f32)
@@ -1264,7 +1512,7 @@ def _finalize(s: SignatureState) -> Signature:
       bias=bias.astype(f32),
       mag_bias=mag_bias.astype(f32),
       golden_absmax=s.g_absmax.astype(f32),
-      golden_rms=(s.g_absmax * jnp.sqrt(s.g_sqs / nfp_c)).astype(f32),
+      golden_rms=rms(s.g_absmax, s.g_sqs, nfp_c).astype(f32),
       ulp_hist=ulp_hist,
       ulp_pct=jnp.stack(ulp_pct).astype(f32),
       bits_xor=s.bits_up + s.bits_down,
@@ -1313,9 +1561,29 @@ def _finalize(s: SignatureState) -> Signature:
 # --------------------------------------------------------------------------
 
 
+def _accumulate_auto(t: Array, g: Array, ref_hi: Array | None,
+                     ref_lo: Array | None) -> SignatureState:
+  """The statistics pass for the platform the computation is compiled for.
+
+  `lax.platform_dependent`: on CPU the native pass (`_accumulate_native`),
+  on every other platform the pure-JAX pass (`_accumulate`). The choice is
+  made when lowering, by platform only: a failing native call raises, it
+  never falls back.
+  """
+  if ref_hi is None:
+    return lax.platform_dependent(
+        t, g, cpu=lambda a, b: _accumulate_native(a, b, None, None),
+        default=lambda a, b: _accumulate(a, b, None, None))
+  return lax.platform_dependent(t, g, ref_hi, ref_lo, cpu=_accumulate_native,
+                                default=_accumulate)
+
+
 def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
                    ref_lo: Array | None = None) -> Signature:
   """Pure, traceable form of `analyze` (no validation; use inside jit).
+
+  On CPU the statistics pass is the native kernel, elsewhere pure JAX
+  (`_accumulate_auto`).
 
   Args:
     t: test record (validated dtype and shape; see `analyze`).
@@ -1326,18 +1594,29 @@ def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
   Returns:
     The `Signature`.
   """
-  return _finalize(_accumulate(t, g, ref_hi, ref_lo))
+  return _finalize(_accumulate_auto(t, g, ref_hi, ref_lo))
 
 
 # The statistics pass and the (cheap) finalization are compiled separately
 # so that `analyze`, the streaming form and the reference form share them.
-_accumulate_jit = jax.jit(lambda t, g: _accumulate(t, g, None, None))
-_accumulate_ref_jit = jax.jit(_accumulate)
+_accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
+_accumulate_ref_jit = jax.jit(_accumulate_auto)
 _finalize_jit = jax.jit(_finalize)
 _merge_jit = jax.jit(_merge)
+# The pure-JAX pass on bit patterns made by a separate executable (see
+# `_accumulate_bits`): the batched form on every platform, and the
+# reference the native pass is tested against.
+_bits_jit = jax.jit(lambda x: lax.bitcast_convert_type(x, _uint(x.dtype)))
+_accumulate_bits_jit = jax.jit(_accumulate_bits, static_argnames="dtype")
 _batch_accumulate_jit = jax.jit(
-    jax.vmap(lambda t, g: _accumulate(t, g, None, None)))
-_batch_accumulate_ref_jit = jax.jit(jax.vmap(_accumulate))
+    lambda ut, ug, dtype: jax.vmap(
+        lambda a, b: _accumulate_bits(a, b, None, None, dtype))(ut, ug),
+    static_argnames="dtype")
+_batch_accumulate_ref_jit = jax.jit(
+    lambda ut, ug, hi, lo, dtype: jax.vmap(
+        lambda a, b, c, d: _accumulate_bits(a, b, c, d, dtype))(ut, ug, hi,
+                                                                lo),
+    static_argnames="dtype")
 _batch_finalize_jit = jax.jit(jax.vmap(_finalize))
 
 
@@ -1418,12 +1697,14 @@ def analyze_batch(tests, goldens, references=None) -> Signature:
   """
   shape, dtype = _check_pair(tests, goldens, batched=True)
   with _x64_scope(dtype):
-    t = _as_array(tests, dtype)
-    g = _as_array(goldens, dtype)
+    ut = _bits_jit(_as_array(tests, dtype))
+    ug = _bits_jit(_as_array(goldens, dtype))
     if references is None:
-      return _batch_finalize_jit(_batch_accumulate_jit(t, g))
+      return _batch_finalize_jit(_batch_accumulate_jit(ut, ug, dtype=dtype))
     hi, lo = _split_reference(references, shape, batched=True)
-    return _batch_finalize_jit(_batch_accumulate_ref_jit(t, g, hi, lo))
+    return _batch_finalize_jit(
+        _batch_accumulate_ref_jit(ut, ug, jnp.asarray(hi.view(np.uint32)),
+                                  lo, dtype=dtype))
 
 
 def signature_init(shape, dtype) -> SignatureState:

@@ -5,16 +5,28 @@ golden kernel everywhere and the KUT tapped at the selected sites (pseudo-
 errors on identical inputs, float64 references, signatures, diagnoses), and
 once with the KUT substituted (effect on loss, gradient norm and update).
 Checkpoints are independent: errors do not accumulate between them.
+
+Cost per checkpoint (benchmarks/bench_campaign.py): the two steps run as one
+jitted call that returns only what the records need (taps, metrics, new
+parameters); the parameter-update difference is reduced on the device in
+float64; signatures of all sites are dispatched before one transfer of the
+small results to the host; and :func:`playback` restores the next
+checkpoints in a background thread while the current one plays. The
+records are those of the plain path (steps jitted apart, update difference
+on the host), bitwise (tests/test_playback.py).
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import math
 import os
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import _analyzer
@@ -75,12 +87,47 @@ def _reduction(site: _sites.Site, params: dict) -> int:
   return int(shapes[0][-1]) if shapes and shapes[0] else 1
 
 
-def _tree_rel(a, b, base) -> float:
-  """||a - b|| / ||base|| over pytrees (float64 on host)."""
-  num = sum(float(np.sum((np.asarray(x, np.float64) - np.asarray(y, np.float64)) ** 2))
-            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
-  den = sum(float(np.sum(np.asarray(x, np.float64) ** 2))
-            for x in jax.tree.leaves(base))
+def _update_sums(params, gparams, kparams) -> tuple[jax.Array, jax.Array]:
+  """``(||dk - dg||^2, ||dg||^2)`` in float64 over parameter pytrees.
+
+  ``dg = gparams - params`` (golden update), ``dk = kparams - params`` (the
+  KUT step's update), every difference taken in float64. Trace it with x64
+  enabled (:data:`_UPDATE_SUMS`): the sums stay on the device and only two
+  scalars come back.
+  """
+  num = jnp.zeros((), jnp.float64)
+  den = jnp.zeros((), jnp.float64)
+  for p, g, k in zip(jax.tree.leaves(params), jax.tree.leaves(gparams),
+                     jax.tree.leaves(kparams)):
+    p = p.astype(jnp.float64)
+    dg = g.astype(jnp.float64) - p
+    dk = k.astype(jnp.float64) - p
+    num = num + jnp.sum(jnp.square(dk - dg))
+    den = den + jnp.sum(jnp.square(dg))
+  return num, den
+
+
+_UPDATE_SUMS = jax.jit(_update_sums)
+
+
+def update_rel_diff(params, gparams, kparams) -> float:
+  """``||dk - dg|| / ||dg||``: how far the KUT step's update is from golden.
+
+  Computed on the device in float64 (x64 scoped to this call, so the
+  caller's config is untouched); 0 when both updates are zero, ``inf`` when
+  only the golden update is.
+
+  Args:
+    params: parameters before the step.
+    gparams: parameters after the golden step.
+    kparams: parameters after the step with the KUT.
+
+  Returns:
+    The relative difference of the two updates.
+  """
+  with jax.enable_x64(True):
+    num, den = jax.device_get(_UPDATE_SUMS(params, gparams, kparams))
+  num, den = float(num), float(den)
   if den == 0.0:
     return 0.0 if num == 0.0 else math.inf
   return math.sqrt(num / den)
@@ -126,6 +173,52 @@ def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
     return None
 
 
+def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap):
+  """Dispatches one site's signature (not waited for) and its context."""
+  ref = _site_reference(site, params, tp.inputs)
+  test, gold = tp.kut, tp.golden
+  if isinstance(gold, tuple):
+    test, gold = test[0], gold[0]
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+  if ref is not None and np.shape(ref) != np.shape(gold):
+    ref = None
+  return _analyzer.analyze(test, gold, ref), _reduction(site, params)
+
+
+def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
+                 kut_spec: str, step: int) -> list[dict]:
+  """(step, site) records of many sites of one step.
+
+  Every signature is dispatched before any is read, then all come to the
+  host in one transfer; the Detector runs on host copies.
+
+  Args:
+    sites: ``(site, params, tap)`` triples: the tapped site, its call
+      parameters as recorded by ``kut.recording``, and its tap (inputs,
+      golden and KUT outputs of one step).
+    kut_spec: the KUT's spec, stored with the records.
+    step: the step the taps come from.
+
+  Returns:
+    One msgpack-ready dict (``kind == "site"``) per site, in order.
+  """
+  pending = [(site, *_signature(site, params, tp))
+             for site, params, tp in sites]
+  host = jax.device_get([sig for _, sig, _ in pending])
+  out = []
+  for (site, _, red), sig in zip(pending, host):
+    diag = _detector.detect(sig, context={"kernel": site.kernel,
+                                          "reduction": red})
+    out.append({
+        "kind": "site", "kut": kut_spec, "step": step, "site": site.name,
+        "kernel": site.kernel, "phase": site.phase, "reduction": red,
+        "signature": signature_record(sig),
+        "diagnosis": {"model": diag.model,
+                      "confidence": float(diag.confidence),
+                      "evidence": diag.evidence, "verdict": diag.verdict}})
+  return out
+
+
 def site_record(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
                 kut_spec: str, step: int) -> dict:
   """One (step, site) record: signature vs golden and float64, diagnosis.
@@ -138,25 +231,10 @@ def site_record(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
     step: the step the tap comes from.
 
   Returns:
-    A msgpack-ready dict (``kind == "site"``).
+    A msgpack-ready dict (``kind == "site"``); see :func:`site_records`
+    for many sites of one step.
   """
-  ref = _site_reference(site, params, tp.inputs)
-  test, gold = tp.kut, tp.golden
-  if isinstance(gold, tuple):
-    test, gold = test[0], gold[0]
-    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
-  if ref is not None and np.shape(ref) != np.shape(gold):
-    ref = None
-  sig = _analyzer.analyze(test, gold, ref)
-  red = _reduction(site, params)
-  diag = _detector.detect(sig, context={"kernel": site.kernel,
-                                        "reduction": red})
-  return {
-      "kind": "site", "kut": kut_spec, "step": step, "site": site.name,
-      "kernel": site.kernel, "phase": site.phase, "reduction": red,
-      "signature": signature_record(sig),
-      "diagnosis": {"model": diag.model, "confidence": float(diag.confidence),
-                    "evidence": diag.evidence, "verdict": diag.verdict}}
+  return site_records([(site, params, tp)], kut_spec, step)[0]
 
 
 def localize(records: Sequence[dict], site_order: Sequence[str]
@@ -187,10 +265,13 @@ class Player:
   """Plays back one checkpoint at a time: the unit of playback FI.
 
   Built once per (task, KUT, selection) from a sample state and batch; it
-  compiles two jitted functions (the tapped golden step and the step with the
-  KUT substituted) and turns one restored state into the records of its step.
-  Campaign drivers (sequential :func:`playback`, process isolation, sharding
-  over devices or hosts) call :meth:`play` on states they restore.
+  compiles one jitted function that runs the step twice on the same state
+  and batch (golden kernel everywhere with the KUT tapped at every selected
+  site, and the KUT substituted at those sites) and returns only what the
+  records need: the taps, both steps' metrics and new parameters. It turns
+  one restored state into the records of its step. Campaign drivers
+  (sequential :func:`playback`, process isolation, sharding over devices or
+  hosts) call :meth:`play` on states they restore.
 
   Attributes:
     kut_spec: the KUT spec.
@@ -221,11 +302,18 @@ class Player:
         _kut.recording(c.sub.kut, c.site.name, c.site.kernel,
                        c.site.composite, self._store), sites=(c.site.name,))
             for c in self.calls]
-    self._tapped = jax.jit(_sites_subst.tap(task.step_fn, *subs))
+    tapped = _sites_subst.tap(task.step_fn, *subs)
     eff = [_sites_subst.Substitution(
         self.calls[0].sub.kut, sites=tuple(self.site_names),
         backward=self.calls[0].sub.backward)]
-    self._kstep = jax.jit(_sites_subst.substitute(task.step_fn, *eff))
+    kstep = _sites_subst.substitute(task.step_fn, *eff)
+
+    def both(state, batch):
+      (gstate, gm), taps = tapped(state, batch)
+      kstate, km = kstep(state, batch)
+      return taps, gstate.params, gm, kstate.params, km
+
+    self._steps = jax.jit(both)
 
   def play(self, step: int, state) -> list[dict]:
     """Records of one checkpoint: site records, then one effect record.
@@ -238,23 +326,19 @@ class Player:
       ``[site records in execution order..., effect record]``.
     """
     batch = self.task.batch_at(int(state.data_position))
-    (gstate, gm), taps = self._tapped(state, batch)
-    kstate, km = self._kstep(state, batch)
-    recs = [site_record(c.site, self._store[c.site.name],
-                        taps[c.site.name], self.kut_spec, int(step))
-            for c in self.calls]
+    taps, gparams, gm, kparams, km = self._steps(state, batch)
+    recs = site_records([(c.site, self._store[c.site.name],
+                          taps[c.site.name]) for c in self.calls],
+                        self.kut_spec, int(step))
+    gm, km = jax.device_get((gm, km))
     lg, lk = float(gm["loss"]), float(km["loss"])
     gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
-    dg = jax.tree.map(lambda a, b: np.asarray(a, np.float64)
-                      - np.asarray(b, np.float64), gstate.params, state.params)
-    dk = jax.tree.map(lambda a, b: np.asarray(a, np.float64)
-                      - np.asarray(b, np.float64), kstate.params, state.params)
     eff = {
         "kind": "effect", "kut": self.kut_spec, "step": int(step),
         "loss_golden": lg, "loss_kut": lk,
         "grad_rel_diff": (abs(gnk - gng) / gng if gng else
                           (0.0 if gnk == gng else math.inf)),
-        "update_rel_diff": _tree_rel(dk, dg, dg)}
+        "update_rel_diff": update_rel_diff(state.params, gparams, kparams)}
     return recs + [eff]
 
 
@@ -332,18 +416,58 @@ def playback_result(path: str, steps: Sequence[int], kut_spec: str,
                         localize(site_recs, order), sps)
 
 
+class _Prefetcher:
+  """Restores checkpoints in order, ``ahead`` of the one being played.
+
+  Restores run in one background thread, so the next checkpoint loads
+  (Orbax's Python, tensorstore's reads) while the current one's steps and
+  signatures run in XLA, outside the GIL; the gain needs a spare core.
+  ``ahead=0`` restores in the calling thread, one at a time.
+  """
+
+  def __init__(self, ckpt: str, task: TrainTask, steps: Sequence[int],
+               ahead: int):
+    self._ckpt, self._task, self._ahead = ckpt, task, ahead
+    self._todo = collections.deque(steps)
+    self._queue: collections.deque = collections.deque()
+    self._pool = (concurrent.futures.ThreadPoolExecutor(
+        1, thread_name_prefix="peat-restore") if ahead > 0 else None)
+
+  def _fill(self, want: int) -> None:
+    while self._todo and len(self._queue) < want:
+      s = self._todo.popleft()
+      self._queue.append((s, self._pool.submit(
+          _golden.restore_state, self._ckpt, self._task, s)))
+
+  def next(self) -> tuple[int, Any]:
+    """The next step and its restored state (waits for it if needed)."""
+    if self._pool is None:
+      s = self._todo.popleft()
+      return s, _golden.restore_state(self._ckpt, self._task, s)
+    self._fill(1)
+    s, fut = self._queue.popleft()
+    self._fill(self._ahead)
+    return s, fut.result()
+
+  def close(self) -> None:
+    """Cancels restores not started and waits for a running one."""
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,
              *, campaign_dir: str | os.PathLike | None = None,
              steps: Sequence[int] | None = None,
              select: str | Sequence[str] | None = None,
-             progress: Callable[[str], None] | None = None
-             ) -> PlaybackResult:
+             progress: Callable[[str], None] | None = None,
+             prefetch: int = 1) -> PlaybackResult:
   """Playback FI of a KUT at every saved checkpoint of a golden run.
 
   For each saved step s (all but the last, or ``steps``): restore, and let a
   :class:`Player` run the step with the golden kernel and the KUT tapped at
-  every selected site and with the KUT substituted (each jitted once).
-  Records are appended per checkpoint, so a killed playback resumes.
+  every selected site and with the KUT substituted (jitted once).
+  Records are appended per checkpoint, so a killed playback resumes. The
+  records do not depend on ``prefetch``.
 
   Args:
     task: the golden run's task.
@@ -354,34 +478,47 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,
     steps: checkpoint steps to play back (default: all saved but the last).
     select: narrow the spec's sites: an ``fnmatch`` pattern or site names.
     progress: called with one line per step.
+    prefetch: checkpoints restored ahead in a background thread while one
+      plays (0: restore each in turn, in this thread).
 
   Returns:
     A :class:`PlaybackResult`.
 
   Raises:
-    PeatError: unknown spec, no selected site, a step that is not saved.
+    PeatError: unknown spec, no selected site, a step that is not saved, a
+      negative ``prefetch``.
+    CheckpointError: a checkpoint that cannot be restored (raised when its
+      turn comes; the steps before it are recorded).
   """
+  if not isinstance(prefetch, int) or prefetch < 0:
+    raise PeatError(f"prefetch must be an int >= 0 (checkpoints restored "
+                    f"ahead); got {prefetch!r}")
   say = progress or (lambda s: None)
   ckpt, path, steps, todo = playback_plan(golden_dir, kut_spec, campaign_dir,
                                           steps)
   player = None
   timings = []
-  for s in todo:
-    t0 = time.perf_counter()
-    state = _golden.restore_state(ckpt, task, s)
-    if player is None:
-      player = Player(task, kut_spec, state,
-                      task.batch_at(int(state.data_position)), select=select)
-    recs = player.play(s, state)
-    append_records(path, recs)
-    timings.append(time.perf_counter() - t0)
-    sites, eff = recs[:-1], recs[-1]
-    worst = max(sites, key=lambda r: (
-        {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
-    say(f"playback step {s}: {len(sites)} sites, worst "
-        f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) at "
-        f"{worst['site']}; loss {eff['loss_golden']:.6g} -> "
-        f"{eff['loss_kut']:.6g} ({timings[-1]:.2f} s)")
+  loader = _Prefetcher(ckpt, task, todo, prefetch)
+  try:
+    for _ in todo:
+      t0 = time.perf_counter()
+      s, state = loader.next()
+      if player is None:
+        player = Player(task, kut_spec, state,
+                        task.batch_at(int(state.data_position)),
+                        select=select)
+      recs = player.play(s, state)
+      append_records(path, recs)
+      timings.append(time.perf_counter() - t0)
+      sites, eff = recs[:-1], recs[-1]
+      worst = max(sites, key=lambda r: (
+          {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
+      say(f"playback step {s}: {len(sites)} sites, worst "
+          f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) "
+          f"at {worst['site']}; loss {eff['loss_golden']:.6g} -> "
+          f"{eff['loss_kut']:.6g} ({timings[-1]:.2f} s)")
+  finally:
+    loader.close()
   for s in steps:
     if s not in todo:
       say(f"playback step {s}: done before, skipped")

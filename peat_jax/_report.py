@@ -11,7 +11,8 @@ number is expected) and writes two files into a directory:
 * ``report.html``: one file with no external reference (inline CSS, plots as
   inline SVG drawn by :mod:`peat_jax._svg`, no JavaScript). Sections, in
   order: title (kernel under test, model scenario), verdict badge and
-  summary, Detector table (worst site first), localization, noise-ratio heat
+  summary, crash and hang findings, Detector table (worst site first),
+  localization, noise-ratio heat
   table (sites x steps), error / ULP-distance / bit-position histograms of
   the top sites, playback effect, runtime FI loss curves, campaign settings,
   footer (peat_jax version, JSON file name). An absent optional section is
@@ -51,7 +52,13 @@ are marked *, everything else may be missing or ``None``::
                  "update_rel_diff": [float]}
   runtime       [{"frequency"*: str, "steps"*: [int], "loss"*: [float],
                   "golden_loss": [float], "diverged_at": int|None,
-                  "reason": str|None}, ...]
+                  "reason": str|None, "crashed": bool}, ...]
+                (a crashed run has empty lists and the crash as reason)
+  crashes       [{"kind"*: "crash"|"hang", "phase"*: str, "message"*: str,
+                  "step": int|None, "site": str|None,
+                  "frequency": str|None, "signal": str|None,
+                  "timeout_s": float|None}, ...]
+                crash and hang findings of process isolation
   runtime_spread {"steps"*: [int], "loss_spread"*: [float]}
   settings      {str: str|int|float}
 
@@ -250,6 +257,19 @@ def _validate(d: Mapping) -> None:
     _same_len(r, ("loss", "golden_loss"), "steps", w)
     _get(r, "diverged_at", w, (int,), "an int step or None", False)
     _get(r, "reason", w, (str,), "a string or None", False)
+  for i, c in enumerate(_get(d, "crashes", "", _SEQ,
+                             "a list of findings or None", False) or []):
+    w = f"crashes[{i}]."
+    if not isinstance(c, dict):
+      raise PeatError(f"report data: crashes[{i}] is {type(c).__name__}; "
+                      "expected a mapping")
+    if c.get("kind") not in ("crash", "hang"):
+      raise PeatError(f"report data: {w}'kind' is {c.get('kind')!r}; "
+                      "expected 'crash' or 'hang'")
+    _get(c, "phase", w, (str,), "a string, e.g. 'playback'")
+    _get(c, "message", w, (str,), "a string")
+    _get(c, "step", w, (int,), "an int step or None", False)
+    _get(c, "site", w, (str,), "a site name or None", False)
   sp = _get(d, "runtime_spread", "", (dict,), "a mapping or None", False)
   if sp is not None:
     _get(sp, "steps", "runtime_spread.", _SEQ, "a list of steps")
@@ -351,6 +371,41 @@ def _section_verdict(d: Mapping) -> str:
                       for s, t in deciding[:8])
     more = (f" and {len(deciding) - 8} more" if len(deciding) > 8 else "")
     out.append(f"<p>Deciding records: {shown}{esc(more)}.</p>")
+  out.append("</section>")
+  return "".join(out)
+
+
+def finding_cause(c: Mapping) -> str:
+  """A crash/hang finding's cause in a few words: the signal, the time
+  limit, out of memory, or an exit."""
+  if c.get("signal"):
+    return str(c["signal"])
+  if c.get("timeout_s") is not None:
+    return f"time limit {fmt(c['timeout_s'])} s"
+  return ("out of memory" if "out of memory" in str(c.get("message"))
+          else "exited")
+
+
+def _section_crashes(d: Mapping) -> str:
+  crashes = d.get("crashes") or []
+  if not crashes:
+    return ""
+  out = ['<section id="crashes"><h2>Crashes and hangs</h2>',
+         "<p>The kernel under test took its worker process down (a signal, "
+         "out of memory) or ran past its time limit; each is a finding and "
+         "fails the KUT. Playback crashes are attributed by replaying the "
+         "step with one site at a time.</p>"]
+  rows, classes = [], []
+  for c in crashes:
+    how = finding_cause(c)
+    rows.append([f'<span class="chip v-fail">{esc(c["kind"])}</span>',
+                 esc(c["phase"]), esc(fmt(c.get("step"))),
+                 f"<code>{esc(c.get('site') or '')}</code>"
+                 if c.get("site") else esc(c.get("frequency") or "\u2014"),
+                 esc(how), esc(c["message"])])
+    classes.append("r-fail")
+  out.append(_table(["finding", "phase", "step", "site / frequency",
+                     "signal or limit", "message"], rows, (2,), classes))
   out.append("</section>")
   return "".join(out)
 
@@ -553,6 +608,8 @@ def _section_runtime(d: Mapping) -> str:
                               golden["golden_loss"], "#222222", True))
   for i, r in enumerate(runs):
     color = _svg.PALETTE[i % len(_svg.PALETTE)]
+    if not r["steps"]:  # a crashed run: in the table only
+      continue
     at = r.get("diverged_at")
     series.append(_svg.Series(str(r["frequency"]), r["steps"], r["loss"],
                               color, False, () if at is None else (at,)))
@@ -652,7 +709,8 @@ def render_html(data: Mapping, *, json_name: str = JSON_NAME,
            f'&middot; model scenario: <b>{esc(d["scenario"])}</b>'
            + (f" &middot; created {esc(created)}" if created else "")
            + "</p></header>",
-           _section_verdict(d), _section_detector(sites),
+           _section_verdict(d), _section_crashes(d),
+           _section_detector(sites),
            _section_localization(d), _section_heat(sites),
            _section_top(sites, top_sites), _section_playback(d),
            _section_runtime(d), _section_settings(d),

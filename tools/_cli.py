@@ -4,9 +4,17 @@ Each tool keeps its flags in its own ``flags.FlagValues`` (``FLAGS`` in the
 tool's module), so several tools (and their tests) live in one process
 without clashing flag names; this module parses them and runs the tool's
 ``main``, like ``absl.app.run`` does for the global flags.
+
+Also shared by the campaign tools: :class:`Eta` (progress lines with an
+ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
+(``--budget=64MiB``) and :func:`make_task` (a scenario's task from flags).
 """
 
+import json
+import os
+import re
 import sys
+import time
 from typing import Callable
 
 from absl import flags
@@ -38,3 +46,154 @@ def run(main: Callable[[list[str]], int], flag_values: flags.FlagValues,
   logging.use_absl_handler()
   logging.set_verbosity(logging.WARNING)
   sys.exit(main(rest))
+
+
+# ------------------------------------------------------------- progress
+
+
+class Eta:
+  """Prints progress lines of a loop with elapsed time and an ETA.
+
+  Pass an instance as the ``progress`` callable of a library call: every
+  line is printed; a line that starts with one of ``prefixes`` counts as one
+  finished unit of ``total`` and gets ``[k/total, elapsed, ETA]`` appended.
+  ETA = units left x the mean time per unit after the first (the first
+  unit's time holds compilation and whatever ran before the loop; it is the
+  estimate only until a second unit finishes).
+
+  >>> eta = Eta(4, prefixes=("playback step",))
+  >>> eta("playback step 0: ...")   # doctest: +SKIP
+  playback step 0: ... [1/4, 2.1 s elapsed, ETA 6.3 s]
+
+  Args:
+    total: units the loop will finish.
+    prefixes: which lines count as a unit (all lines when empty).
+    out: where lines go (default ``print``).
+    clock: time source in seconds (for tests).
+  """
+
+  def __init__(self, total: int, prefixes: tuple = (), out=print,
+               clock=None):
+    self.total = int(total)
+    self.prefixes = tuple(prefixes)
+    self.done = 0
+    self._out = out
+    self._clock = clock or time.perf_counter
+    self._t0 = self._clock()
+    self._first = self._t0
+
+  def __call__(self, line: str) -> None:
+    if self.prefixes and not line.startswith(self.prefixes):
+      self._out(line)
+      return
+    now = self._clock()
+    self.done += 1
+    if self.done == 1:
+      self._first = now
+    elapsed = now - self._t0
+    left = max(self.total - self.done, 0)
+    # Mean unit time after the first (which holds compilation and whatever
+    # ran before the loop); the first unit's own time until there are two.
+    per = ((now - self._first) / (self.done - 1) if self.done > 1
+           else elapsed)
+    eta = per * left
+    self._out(f"{line} [{self.done}/{self.total}, {_secs(elapsed)} elapsed,"
+              f" ETA {_secs(eta)}]")
+
+
+def _secs(s: float) -> str:
+  if s < 60:
+    return f"{s:.1f} s"
+  m, s = divmod(int(round(s)), 60)
+  return f"{m}m{s:02d}s" if m < 60 else f"{m // 60}h{m % 60:02d}m"
+
+
+def table(rows: list, headers: tuple) -> str:
+  """A fixed-width text table (the summary tools print at the end).
+
+  Args:
+    rows: one sequence of cells per row (any values; floats get 4
+      significant digits).
+    headers: column names.
+
+  Returns:
+    The table with a header and a rule, one line per row.
+  """
+  def cell(v):
+    if isinstance(v, float):
+      return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+  text = [tuple(map(str, headers))] + [tuple(cell(v) for v in r)
+                                       for r in rows]
+  widths = [max(len(r[i]) for r in text) for i in range(len(headers))]
+  lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+           for r in text]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6,
+          "mb": 10**6, "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+  """Parses a size such as ``500000``, ``64MiB``, ``1.5GB`` or ``300kb``.
+
+  Raises:
+    ValueError: text that is not a number with an optional unit (B, kB,
+      KiB, MB, MiB, GB, GiB).
+  """
+  m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+  if not m or m.group(2).lower() not in _UNITS:
+    raise ValueError(f"expected a size like 500000, 64MiB or 1.5GB; got "
+                     f"{text!r}")
+  return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def make_task(scenario: str, workdir: str, *, overrides: str | None = None,
+              batch_size: int | None = None, seed: int = 0,
+              progress=print):
+  """The scenario's task, as the campaign tools build it from their flags.
+
+  Tasks are cached per (scenario, workdir, overrides, batch size, seed) in
+  the process, so tools run one after another (or their tests) reuse one
+  task and its compiled train step.
+
+  Args:
+    scenario: scenario name (``peat_jax.models.scenario_names()``).
+    workdir: where a finetuning scenario keeps its pretraining run.
+    overrides: JSON object of config overrides, or None.
+    batch_size: overrides the batch size when set.
+    seed: golden seed.
+    progress: where pretraining lines go.
+
+  Returns:
+    The :class:`peat_jax.TrainTask`.
+
+  Raises:
+    peat_jax.PeatError: unknown scenario or config key, overrides that are
+      not a JSON object.
+  """
+  import peat_jax as peat  # pylint: disable=g-import-not-at-top
+  try:
+    extra = json.loads(overrides) if overrides else {}
+  except ValueError as e:
+    raise peat.PeatError(f"--overrides must be a JSON object; got "
+                         f"{overrides!r} ({e})") from e
+  if not isinstance(extra, dict):
+    raise peat.PeatError(f"--overrides must be a JSON object; got "
+                         f"{overrides!r}")
+  if batch_size:
+    extra["batch_size"] = batch_size
+  key = (scenario, os.path.abspath(workdir), json.dumps(extra, sort_keys=True),
+         seed)
+  if key not in _TASKS:
+    from peat_jax import models  # pylint: disable=g-import-not-at-top
+    _TASKS[key] = models.prepare_task(
+        scenario, os.path.join(workdir, "task"), seed=seed,
+        progress=progress, **extra)
+  return _TASKS[key]
+
+
+_TASKS: dict = {}

@@ -76,6 +76,8 @@ def main(argv: list[str]) -> int:
   if _BATCH_SIZE.value:
     overrides["batch_size"] = _BATCH_SIZE.value
   try:
+    if _KUT.value.startswith("torch:"):
+      import peat_jax.bridges  # pylint: disable=g-import-not-at-top,unused-import  # registers torch:* specs
     task = models.prepare_task(_scenario(), os.path.join(directory, "task"),
                                seed=_SEED.value, progress=print, **overrides)
     paths = _campaign.validate(

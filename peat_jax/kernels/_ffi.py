@@ -40,6 +40,17 @@ _TARGETS = {
     "PeatConv2dBwd": "peat_conv2d_bwd",
 }
 
+# Targets built for the CPU only: the deliberately broken kernel
+# (csrc/broken.cc, reliability tests).
+_CPU_ONLY_TARGETS = {"PeatBrokenFwd": "peat_broken_fwd"}
+
+# CPU-only handlers (no CUDA/ROCm version): the Analyzer's statistics pass
+# (csrc/signature.cc), registered with the CPU library.
+_CPU_TARGETS = {
+    "PeatSignature": "peat_signature",
+    "PeatSignatureRef": "peat_signature_ref",
+}
+
 # FFI platform name -> shared library file in peat_jax/kernels/.
 _LIBRARIES = {
     "cpu": "_peat_kernels_cpu.so",
@@ -111,6 +122,21 @@ def ensure_registered(platform: str | None = None) -> str:
     for symbol, target in _TARGETS.items():
       jax.ffi.register_ffi_target(
           target, jax.ffi.pycapsule(getattr(lib, symbol)), platform=platform)
+    if platform == "cpu":
+      # A library built before signature.cc lacks these; signature_pass
+      # says so.
+      for symbol, target in _CPU_TARGETS.items():
+        if hasattr(lib, symbol):
+          jax.ffi.register_ffi_target(
+              target, jax.ffi.pycapsule(getattr(lib, symbol)),
+              platform=platform)
+    if platform == "cpu":
+      # A library built before broken.cc lacks these; broken_fwd says so.
+      for symbol, target in _CPU_ONLY_TARGETS.items():
+        if hasattr(lib, symbol):
+          jax.ffi.register_ffi_target(
+              target, jax.ffi.pycapsule(getattr(lib, symbol)),
+              platform=platform)
     _registered[platform] = lib
     return platform
 
@@ -193,3 +219,73 @@ def conv2d_bwd(x: jax.Array, w: jax.Array, dy: jax.Array,
                variant=np.int32(variant), tile=np.int32(tile),
                stride_h=np.int32(strides[0]), stride_w=np.int32(strides[1]),
                pad_top=np.int32(pad_tl[0]), pad_left=np.int32(pad_tl[1]))
+
+
+def broken_fwd(x: jax.Array, w: jax.Array, out: jax.ShapeDtypeStruct,
+               mode: int) -> jax.Array:
+  """The deliberately broken kernel: crashes, hangs or exhausts memory.
+
+  CPU only (csrc/broken.cc). ``out`` is the golden output's shape and dtype;
+  the kernel never computes it.
+  """
+  if jax_platform() != "cpu":
+    raise PeatError(
+        f"the deliberately broken kernels are built for the CPU only; jax "
+        f"runs on {jax.default_backend()}. Run them with JAX_PLATFORMS=cpu.")
+  ensure_registered("cpu")
+  if not hasattr(_registered["cpu"], "PeatBrokenFwd"):
+    raise PeatError(
+        f"the native library {library_path('cpu')} was built without "
+        "csrc/broken.cc. Rebuild with `pip install --no-build-isolation -e .`.")
+  return _call("peat_broken_fwd", out, x, w, mode=np.int32(mode))
+
+
+# Slots of the statistics pass's int32 output (csrc/signature.h).
+SIGNATURE_FLAG_SLOTS = 32
+SIGNATURE_REF_COUNTS = 7
+SIGNATURE_FLOATS = 22
+SIGNATURE_HIST = 1024
+SIGNATURE_SAMPLE_COUNTS = 12
+
+
+def signature_pass(t: jax.Array, g: jax.Array, ref_hi: jax.Array | None,
+                   ref_lo: jax.Array | None) -> tuple[jax.Array, ...]:
+  """The Analyzer's one-pass statistics of a 2-D (R, C) record (CPU only).
+
+  Args:
+    t: test record, float32, bfloat16, float16 or float64, shape (R, C).
+    g: golden record, same dtype and shape.
+    ref_hi: None, or the float32 high half of the reference, (R, C).
+    ref_lo: None, or the float32 low half (reference = ref_hi + ref_lo).
+
+  Returns:
+    (ints int32[32 + 3 * nbits + 7], hashes uint32[4], floats c[22],
+    row_ndiff int32[R], row_abs_max c[R], row_abs_sum c[R],
+    row_abs_sqs c[R], col_ndiff int32[C], col_abs_sum c[C],
+    tile_ndiff int32[R // 8, C // 8], hist_abs int32[1024],
+    hist_rel int32[1024], sample_counts int32[12]) with c float64 for
+    float64 records, else float32; layouts in csrc/signature.h.
+  """
+  ensure_registered("cpu")
+  if not hasattr(_registered["cpu"], "PeatSignature"):
+    raise PeatError(
+        f"the native library {library_path('cpu')} was built without "
+        "csrc/signature.cc (the Analyzer's CPU statistics pass); expected a "
+        "library with PeatSignature. Rebuild with `pip install "
+        "--no-build-isolation -e .`.")
+  rows, cols = t.shape
+  nbits = jnp.dtype(t.dtype).itemsize * 8
+  cdt = jnp.float64 if t.dtype == jnp.float64 else jnp.float32
+  i32 = jnp.int32
+  outs = (
+      _sds((SIGNATURE_FLAG_SLOTS + 3 * nbits + SIGNATURE_REF_COUNTS,), i32),
+      _sds((4,), jnp.uint32), _sds((SIGNATURE_FLOATS,), cdt),
+      _sds((rows,), i32), _sds((rows,), cdt), _sds((rows,), cdt),
+      _sds((rows,), cdt), _sds((cols,), i32), _sds((cols,), cdt),
+      _sds((rows // 8, cols // 8), i32), _sds((SIGNATURE_HIST,), i32),
+      _sds((SIGNATURE_HIST,), i32), _sds((SIGNATURE_SAMPLE_COUNTS,), i32))
+  if ref_hi is None:
+    return jax.ffi.ffi_call("peat_signature", outs,
+                            vmap_method="sequential")(t, g)
+  return jax.ffi.ffi_call("peat_signature_ref", outs,
+                          vmap_method="sequential")(t, g, ref_hi, ref_lo)

@@ -75,6 +75,22 @@ EXPECTED_ERROR_MODEL: types.MappingProxyType = types.MappingProxyType({
 # Variants whose output is bitwise reproducible for identical inputs.
 NONDETERMINISTIC = frozenset({"threaded_nondet"})
 
+# Deliberately broken variants (csrc/broken.cc; docs/reliability.md): they
+# crash the process, hang or exhaust memory instead of computing, to test
+# campaign isolation. Variant name -> the FFI attribute ``mode``. They are not
+# in EXPECTED_ERROR_MODEL nor in variants(): nothing that enumerates the
+# variants (calibration, tests, known_specs) picks them up.
+BROKEN_MODES: types.MappingProxyType = types.MappingProxyType({
+    "crash_segv": 1,
+    "crash_abort": 2,
+    "hang": 3,
+    "oom": 4,
+})
+
+# Native kernels that have the broken variants (their KUT specs are
+# ``native:<kernel>:<broken variant>[@<reduction>]``).
+BROKEN_KERNELS = ("matmul", "conv2d")
+
 
 def variants(kernel: str) -> tuple[str, ...]:
   """Returns the variant names of one native kernel, ``default`` first."""

@@ -15,6 +15,12 @@ Variants are those of :func:`peat_jax.kernels.native.variants`; a spec may
 end with ``@<tile>`` to set the native kernel's tile
 (``native:matmul:tile_edge_bug@24``).
 
+Deliberately broken KUTs (docs/reliability.md) test campaign isolation:
+``native:<matmul|conv2d>:<crash_segv|crash_abort|hang|oom>[@<n>]`` crash
+the process, hang or exhaust memory at the selected sites, or with ``@<n>``
+only at those whose reduction length is ``n`` (the golden kernel runs at
+the others). :func:`known_specs` does not list them.
+
 >>> subs = resolve_kut("native:matmul:acc_bf16")          # doctest: +SKIP
 >>> step = jax.jit(peat.substitute(task.step_fn, *subs))  # doctest: +SKIP
 """
@@ -33,8 +39,9 @@ from peat_jax._sites_subst import GOLDEN
 from peat_jax._sites_subst import Substitution
 from peat_jax.kernels import _variants
 
-__all__ = ["KutSpec", "dot_general_adapter", "conv_adapter", "known_specs",
-           "parse_kut", "register_kut", "resolve_kut"]
+__all__ = ["KutSpec", "broken_adapter", "dot_general_adapter",
+           "conv_adapter", "is_broken", "known_specs", "parse_kut",
+           "register_kut", "resolve_kut"]
 
 # native kernel -> (site kernel name, phase)
 _SITE_KERNEL = {
@@ -129,13 +136,21 @@ def parse_kut(spec: str) -> KutSpec:
     return KutSpec(spec, "custom", spec, "default", None, _CUSTOM[spec][1])
   body, _, tile_s = spec.partition("@")
   parts = body.split(":")
+  if parts[0] == "torch":
+    raise _unknown(spec, "torch KUTs are registered by the PyTorch bridge: "
+                   "`import peat_jax.bridges` registers the built-in "
+                   "torch:<name> specs (torch:matmul, torch:conv2d, ...) and "
+                   "peat_jax.bridges.register_torch_kut(name, fn, kernel=...) "
+                   "your own")
   if len(parts) != 3 or parts[0] != "native":
     raise _unknown(spec, "not registered and not of the form "
                    "native:<kernel>:<variant>")
   _, kernel, variant = parts
   if kernel not in _SITE_KERNEL:
     raise _unknown(spec, f"kernel {kernel!r} is not a native kernel")
-  if variant not in _variants.variants(kernel):
+  broken = (variant in _variants.BROKEN_MODES
+            and kernel in _variants.BROKEN_KERNELS)
+  if variant not in _variants.variants(kernel) and not broken:
     raise _unknown(spec, f"variant {variant!r} is not one of "
                    f"{', '.join(_variants.variants(kernel))}")
   tile = None
@@ -264,6 +279,51 @@ def _composite_adapter(fn: Callable, variant: str, tile: int | None,
   return kut
 
 
+def is_broken(spec: str | KutSpec) -> bool:
+  """Whether a spec names a deliberately broken native kernel."""
+  s = spec if isinstance(spec, KutSpec) else parse_kut(spec)
+  return s.source == "native" and s.variant in _variants.BROKEN_MODES
+
+
+def broken_adapter(lhs: jax.Array, rhs: jax.Array, *, kernel: str,
+                   variant: str, reduction: int | None, site: str = "?",
+                   **params) -> jax.Array:
+  """A broken KUT at a ``dot_general`` or ``conv_general_dilated`` site.
+
+  Calls :func:`peat_jax.kernels.native.broken` (which crashes, hangs or
+  exhausts memory) when ``reduction`` is None or equals the site's
+  reduction length; otherwise the golden kernel.
+
+  Args:
+    lhs: left operand.
+    rhs: right operand.
+    kernel: the site kernel, ``dot_general`` or ``conv_general_dilated``.
+    variant: a broken variant (``crash_segv``, ``crash_abort``, ``hang``,
+      ``oom``).
+    reduction: break only at sites with this reduction length.
+    site: the site's name (unused; conv sites pass it).
+    **params: the primitive's parameters.
+
+  Returns:
+    The golden result at the sites it spares.
+  """
+  del site
+  from jax import lax
+  prim = (lax.dot_general_p if kernel == "dot_general"
+          else lax.conv_general_dilated_p)
+  golden = lambda a, b: prim.bind(a, b, **params)
+  if kernel == "dot_general":
+    red = dot_general_reduction([lhs.shape], params["dimension_numbers"])
+  else:
+    out_dim = params["dimension_numbers"].rhs_spec[0]
+    red = int(np.prod(rhs.shape) // rhs.shape[out_dim])
+  if reduction is not None and red != reduction:
+    return golden(lhs, rhs)
+  from peat_jax.kernels import native  # loads the FFI library on first use
+  return native.broken(lhs, rhs, jax.eval_shape(golden, lhs, rhs),
+                       variant=variant)
+
+
 def kut_callable(spec: str | KutSpec, site: str = "?") -> Any:
   """The callable (or GOLDEN) of a spec, with the site kernel's signature."""
   s = spec if isinstance(spec, KutSpec) else parse_kut(spec)
@@ -271,6 +331,9 @@ def kut_callable(spec: str | KutSpec, site: str = "?") -> Any:
     return GOLDEN
   if s.source == "custom":
     return _CUSTOM[s.spec][0]
+  if is_broken(s):
+    return functools.partial(broken_adapter, kernel=s.site_kernel,
+                             variant=s.variant, reduction=s.tile)
   if s.kernel == "matmul":
     return functools.partial(dot_general_adapter, variant=s.variant,
                              tile=s.tile)

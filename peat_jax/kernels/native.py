@@ -33,6 +33,7 @@ import numpy as np
 
 from peat_jax._errors import PeatError
 from peat_jax.kernels import _ffi
+from peat_jax.kernels._variants import BROKEN_MODES
 from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL
 from peat_jax.kernels._variants import NONDETERMINISTIC
 from peat_jax.kernels._variants import VARIANT_CODES
@@ -339,6 +340,38 @@ def conv2d(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
   pad_tl = (int(pads[0][0]), int(pads[1][0]))
   strides = (int(strides[0]), int(strides[1]))
   return _conv2d(x, w, out_hw, strides, pad_tl, code, tile)
+
+
+# ------------------------------------------------------------------ broken
+
+
+def broken(x: jax.Array, w: jax.Array, out: jax.ShapeDtypeStruct, *,
+           variant: str) -> jax.Array:
+  """A deliberately broken kernel: it crashes, hangs or exhausts memory.
+
+  For reliability tests of campaigns (docs/reliability.md); CPU only. It
+  never computes: ``crash_segv`` dies with SIGSEGV, ``crash_abort`` with
+  SIGABRT, ``hang`` sleeps until killed, ``oom`` allocates until an
+  allocation fails (or its ``PEAT_BROKEN_OOM_CAP_MB`` cap, default 2048) and
+  then raises RESOURCE_EXHAUSTED. Run it only in a worker process
+  (``peat_jax._isolate``): in-process it takes the caller down with it.
+
+  Args:
+    x: first operand (any dtype; only passed through).
+    w: second operand.
+    out: shape and dtype of the result it would have.
+    variant: one of ``BROKEN_MODES`` (crash_segv, crash_abort, hang, oom).
+
+  Returns:
+    Never returns normally (``oom`` raises at run time).
+
+  Raises:
+    PeatError: unknown variant, or not on the CPU.
+  """
+  if variant not in BROKEN_MODES:
+    raise PeatError(f"native broken kernel: unknown variant {variant!r}; "
+                    f"expected one of {', '.join(BROKEN_MODES)}.")
+  return _ffi.broken_fwd(x, w, out, BROKEN_MODES[variant])
 
 
 # ---------------------------------------------------------------- registry

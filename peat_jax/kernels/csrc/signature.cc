@@ -1,0 +1,532 @@
+// The Analyzer's statistics pass on CPU (XLA FFI): one read of a
+// (test, golden[, reference]) record computes every full-pass statistic of
+// peat_jax._analyzer.SignatureState.
+//
+//   peat_signature(t (R, C), g (R, C))
+//   peat_signature_ref(t (R, C), g (R, C), ref_hi f32 (R, C), ref_lo f32 (R, C))
+//     -> ints   s32[32 + 3 * nbits + 7]: flag counts (_F_* order), bits_up,
+//                                        bits_down, ulp_cum, reference counts
+//        hashes u32[4]: order-free hash sums (2 of t, 2 of g)
+//        floats c[22]: scalar float statistics (kFloat* order)
+//        row_ndiff s32[R], row_abs_max c[R], row_abs_sum c[R], row_abs_sqs c[R]
+//        col_ndiff s32[C], col_abs_sum c[C]
+//        tile_ndiff s32[R / 8, C / 8]
+//        hist_abs s32[1024], hist_rel s32[1024]: percentile histograms of
+//                             the sampled elements
+//        sample_counts s32[12]: pct_n, sample_n, repr_t[5], repr_g[5]
+//   with t, g float32, bfloat16, float16 or float64 and c the compute dtype
+//   (float64 for float64 records, else float32).
+//
+// Every formula is the one of the pure-JAX pass (peat_jax/_analyzer.py,
+// _element_words / _element_floats / _accumulate); docs/signature.md says
+// what each statistic means. Float arithmetic and comparisons run under the
+// caller's MXCSR (XLA:CPU sets FTZ/DAZ), copied into every worker, so that
+// subnormals behave as in the compiled JAX pass.
+//
+// Speed: the elements are processed 64 bytes at a time (16 float32 lanes,
+// 8 float64 lanes) with GCC vector extensions, compiled for AVX-512, AVX2
+// and baseline x86-64 and chosen once by CPU; a vector whose lanes are all
+// normal and below 448 in magnitude takes a shorter path that skips the
+// conditions that cannot hold there. Exact counts use direct lane counters
+// (flags) and Harley-Seal carry-save adders (per-bit counts).
+//
+// Determinism: the record is cut into units (row stripes x column chunks)
+// that depend only on its shape; each unit is reduced by one thread, in
+// order, into its own partials; the partials are combined in unit order on
+// the calling thread. Threads (XLA's intra-op pool) only decide who computes
+// a unit, so results are bitwise identical whatever the thread timing, on
+// one machine (a CPU without FMA or AVX takes another code path whose float
+// sums may differ in the last bits).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "peat_cpu.h"
+#include "signature.h"
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
+// Fused multiply-add in the polynomial and the sums of squares of this file
+// (the rest of the library keeps one rounding per operation).
+#pragma GCC optimize("fp-contract=fast")
+// Vector arguments of the out-of-line helpers stay within one ISA level.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// The vector code, once per instruction-set level (see signature_body.h).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PEAT_SIG_X86 1
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512cd,fma")
+#define PEAT_SIG_ISA 512
+namespace peat {
+namespace sig {
+namespace avx512 {
+#include "signature_body.h"
+}  // namespace avx512
+}  // namespace sig
+}  // namespace peat
+#undef PEAT_SIG_ISA
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define PEAT_SIG_ISA 2
+namespace peat {
+namespace sig {
+namespace avx2 {
+#include "signature_body.h"
+}  // namespace avx2
+}  // namespace sig
+}  // namespace peat
+#undef PEAT_SIG_ISA
+#pragma GCC pop_options
+#endif
+#define PEAT_SIG_ISA 0
+namespace peat {
+namespace sig {
+namespace base {
+#include "signature_body.h"
+}  // namespace base
+}  // namespace sig
+}  // namespace peat
+#undef PEAT_SIG_ISA
+
+namespace peat {
+namespace sig {
+namespace {
+
+namespace ffi = xla::ffi;
+
+// The unit function for a record dtype on this CPU (chosen once per dtype).
+UnitFn PickUnitFn(int nbits, bool is_bf16) {
+#ifdef PEAT_SIG_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("fma")) {
+    return avx512::UnitFnFor(nbits, is_bf16);
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    return avx2::UnitFnFor(nbits, is_bf16);
+  }
+#endif
+  return base::UnitFnFor(nbits, is_bf16);
+}
+
+// ------------------------------------------------------------- threads
+
+#if defined(__SSE__) || defined(__x86_64__)
+inline unsigned GetFpMode() { return _mm_getcsr(); }
+inline void SetFpMode(unsigned m) { _mm_setcsr(m); }
+#else
+inline unsigned GetFpMode() { return 0; }
+inline void SetFpMode(unsigned) {}
+#endif
+
+// Work shared with pool tasks; owned jointly so that a task that starts
+// after the call returned finds no unit left and touches nothing else.
+struct Shared {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  int64_t units = 0;
+  unsigned fp_mode = 0;
+  UnitFn fn = nullptr;
+  const Job* job = nullptr;
+};
+
+void Work(Shared& sh) {
+  for (;;) {
+    const int64_t u = sh.next.fetch_add(1, std::memory_order_relaxed);
+    if (u >= sh.units) return;
+    sh.fn(*sh.job, u);
+    sh.done.fetch_add(1, std::memory_order_release);
+  }
+}
+
+// Runs every unit: on the calling thread and, for large records, on tasks
+// of XLA's intra-op pool. Returns once all units are done.
+void RunUnits(ffi::ThreadPool& pool, UnitFn fn, const Job& job) {
+  auto sh = std::make_shared<Shared>();
+  sh->units = job.plan.units();
+  sh->fp_mode = GetFpMode();
+  sh->fn = fn;
+  sh->job = &job;
+  const int64_t n = job.plan.rows * job.plan.cols;
+  if (sh->units > 1 && n >= (int64_t{1} << 18)) {
+    // Workers: the calling thread plus pool tasks, at most one per core.
+    const int64_t cores =
+        std::max<int64_t>(1, std::thread::hardware_concurrency());
+    const int64_t extra = std::min<int64_t>(
+        {pool.num_threads(), cores - 1, sh->units - 1});
+    for (int64_t i = 0; i < extra; ++i) {
+      pool.Schedule([sh]() {
+        const unsigned saved = GetFpMode();
+        SetFpMode(sh->fp_mode);
+        Work(*sh);
+        SetFpMode(saved);
+      });
+    }
+  }
+  Work(*sh);
+  while (sh->done.load(std::memory_order_acquire) < sh->units) {
+    std::this_thread::yield();
+  }
+}
+
+// ------------------------------------------------------------- handler
+
+int NBits(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32:
+      return 32;
+    case ffi::DataType::BF16:
+    case ffi::DataType::F16:
+      return 16;
+    case ffi::DataType::F64:
+      return 64;
+    default:
+      return 0;
+  }
+}
+
+std::string DtypeName(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F32:
+      return "float32";
+    case ffi::DataType::BF16:
+      return "bfloat16";
+    case ffi::DataType::F16:
+      return "float16";
+    case ffi::DataType::F64:
+      return "float64";
+    case ffi::DataType::S32:
+      return "int32";
+    case ffi::DataType::U32:
+      return "uint32";
+    default:
+      return "dtype code " + std::to_string(static_cast<int>(t));
+  }
+}
+
+// The outputs, in the handler's order.
+enum Out {
+  kOutInts = 0, kOutHashes, kOutFloats, kOutRowNd, kOutRowMax, kOutRowSum,
+  kOutRowSqs, kOutColNd, kOutColSum, kOutTile, kOutHistAbs, kOutHistRel,
+  kOutSampleCounts, kNumOut
+};
+using Outs = ffi::Result<ffi::AnyBuffer>* [kNumOut];
+
+// Combines the units' partials in unit order and writes the outputs.
+template <class F>
+void CombineAndStore(const Job& job, int nbits, const Outs& out) {
+  const Plan& pl = job.plan;
+  const int64_t nu = pl.units();
+  int64_t flags[kFlagSlots] = {};
+  int64_t bits[3][64] = {};
+  int64_t ref[kNumRefCounts] = {};
+  int64_t samples[kSampleCounts] = {};
+  uint32_t hash[4] = {};
+  double sum[kNumSums] = {};
+  double sm[kNumSsq] = {}, ss[kNumSsq] = {};
+  double rmin = INFINITY, rmax = -INFINITY, zmax = 0;
+  int32_t* hist_abs = (*out[kOutHistAbs])->typed_data<int32_t>();
+  int32_t* hist_rel = (*out[kOutHistRel])->typed_data<int32_t>();
+  std::fill(hist_abs, hist_abs + kHistBuckets, 0);
+  std::fill(hist_rel, hist_rel + kHistBuckets, 0);
+  for (int64_t u = 0; u < nu; ++u) {
+    const UnitOut& o = job.units[u];
+    for (int k = 0; k < kFlagSlots; ++k) flags[k] += o.flags[k];
+    for (int w = 0; w < 3; ++w) {
+      for (int b = 0; b < 64; ++b) bits[w][b] += o.bits[w][b];
+    }
+    for (int k = 0; k < kNumRefCounts; ++k) ref[k] += o.ref[k];
+    for (int k = 0; k < kSampleCounts; ++k) samples[k] += o.sample_counts[k];
+    for (int k = 0; k < kHistBuckets; ++k) {
+      hist_abs[k] += o.hist_abs[k];
+      hist_rel[k] += o.hist_rel[k];
+    }
+    for (int k = 0; k < 4; ++k) hash[k] += o.hash[k];
+    for (int k = 0; k < kNumSums; ++k) sum[k] += o.sum[k];
+    for (int k = 0; k < kNumSsq; ++k) {
+      MergeScaled(sm[k], ss[k], o.ssq_max[k], o.ssq_s[k]);
+    }
+    rmin = std::min(rmin, o.ratio_min);
+    rmax = std::max(rmax, o.ratio_max);
+    zmax = std::max(zmax, o.zeroed_g_max);
+  }
+  int32_t* ints = (*out[kOutInts])->typed_data<int32_t>();
+  for (int k = 0; k < kFlagSlots; ++k) ints[k] = static_cast<int32_t>(flags[k]);
+  for (int w = 0; w < 3; ++w) {
+    for (int b = 0; b < nbits; ++b) {
+      ints[kFlagSlots + w * nbits + b] = static_cast<int32_t>(bits[w][b]);
+    }
+  }
+  for (int k = 0; k < kNumRefCounts; ++k) {
+    ints[kFlagSlots + 3 * nbits + k] = static_cast<int32_t>(ref[k]);
+  }
+  int32_t* sc = (*out[kOutSampleCounts])->typed_data<int32_t>();
+  for (int k = 0; k < kSampleCounts; ++k) sc[k] = static_cast<int32_t>(samples[k]);
+  uint32_t* hashes = (*out[kOutHashes])->typed_data<uint32_t>();
+  for (int k = 0; k < 4; ++k) hashes[k] = hash[k];
+  F* fl = (*out[kOutFloats])->typed_data<F>();
+  fl[kErrSum] = static_cast<F>(sum[kSErr]);
+  fl[kMagErrSum] = static_cast<F>(sum[kSMag]);
+  fl[kRelMax] = static_cast<F>(sm[kQRel]);
+  fl[kRelSum] = static_cast<F>(sum[kSRel]);
+  fl[kRelSqs] = static_cast<F>(ss[kQRel]);
+  fl[kGAbsMax] = static_cast<F>(sm[kQG]);
+  fl[kGSqs] = static_cast<F>(ss[kQG]);
+  fl[kRatioMin] = static_cast<F>(rmin);
+  fl[kRatioMax] = static_cast<F>(rmax);
+  fl[kLogratioSum] = static_cast<F>(sum[kSLr]);
+  fl[kSx] = static_cast<F>(sum[kSX]);
+  fl[kSy] = static_cast<F>(sum[kSY]);
+  fl[kSxy] = static_cast<F>(sum[kSXY]);
+  fl[kSxx] = static_cast<F>(sum[kSXX]);
+  fl[kSyy] = static_cast<F>(sum[kSYY]);
+  fl[kZeroedGMax] = static_cast<F>(zmax);
+  fl[kRefTMax] = static_cast<F>(sm[kQRefT]);
+  fl[kRefTSqs] = static_cast<F>(ss[kQRefT]);
+  fl[kRefGMax] = static_cast<F>(sm[kQRefG]);
+  fl[kRefGSqs] = static_cast<F>(ss[kQRefG]);
+  fl[kRefTRelSum] = static_cast<F>(sum[kSRefTRel]);
+  fl[kRefGRelSum] = static_cast<F>(sum[kSRefGRel]);
+  // Rows: combine the chunks in order.
+  int32_t* rnd = (*out[kOutRowNd])->typed_data<int32_t>();
+  F* rmx = (*out[kOutRowMax])->typed_data<F>();
+  F* rsm = (*out[kOutRowSum])->typed_data<F>();
+  F* rsq = (*out[kOutRowSqs])->typed_data<F>();
+  for (int64_t r = 0; r < pl.rows; ++r) {
+    int64_t nd = 0;
+    double m = 0, s = 0, q = 0;
+    for (int64_t j = 0; j < pl.n_chunks; ++j) {
+      const int64_t i = j * pl.rows + r;
+      nd += job.row_nd[i];
+      s += job.row_sum[i];
+      MergeScaled(m, q, job.row_max[i], job.row_ssq[i]);
+    }
+    rnd[r] = static_cast<int32_t>(nd);
+    rmx[r] = static_cast<F>(m);
+    rsm[r] = static_cast<F>(s);
+    rsq[r] = static_cast<F>(q);
+  }
+  // Columns: combine the stripes in order.
+  int32_t* cnd = (*out[kOutColNd])->typed_data<int32_t>();
+  F* csm = (*out[kOutColSum])->typed_data<F>();
+  for (int64_t c = 0; c < pl.cols; ++c) {
+    int64_t nd = 0;
+    double s = 0;
+    for (int64_t st = 0; st < pl.n_stripes; ++st) {
+      nd += job.col_nd[st * pl.cols + c];
+      s += job.col_sum[st * pl.cols + c];
+    }
+    cnd[c] = static_cast<int32_t>(nd);
+    csm[c] = static_cast<F>(s);
+  }
+}
+
+// Validates the buffers, runs the units and stores the outputs.
+ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
+                         ffi::AnyBuffer g, const ffi::AnyBuffer* hi,
+                         const ffi::AnyBuffer* lo, const Outs& out) {
+  const char* name = hi ? "peat_signature_ref" : "peat_signature";
+  const ffi::DataType dt = t.element_type();
+  const int nbits = NBits(dt);
+  if (nbits == 0) {
+    return ffi::Error::InvalidArgument(
+        std::string(name) + ": test has " + DtypeName(dt) +
+        "; expected float32, bfloat16, float16 or float64");
+  }
+  if (g.element_type() != dt) {
+    return ffi::Error::InvalidArgument(
+        std::string(name) + ": golden dtype " +
+        DtypeName(g.element_type()) + " != test dtype " + DtypeName(dt) +
+        "; expected equal dtypes");
+  }
+  auto dims = t.dimensions();
+  if (dims.size() != 2 || g.dimensions().size() != 2 ||
+      g.dimensions()[0] != dims[0] || g.dimensions()[1] != dims[1]) {
+    return ffi::Error::InvalidArgument(
+        std::string(name) + ": expected test and golden of one 2-D shape "
+        "(R, C); got " + DimsString(dims) + " and " +
+        DimsString(g.dimensions()));
+  }
+  const int64_t rows = dims[0], cols = dims[1];
+  if (rows < 1 || cols < 1 || rows * cols >= (int64_t{1} << 31) - 1) {
+    return ffi::Error::InvalidArgument(
+        std::string(name) + ": expected 1 to 2**31 - 2 elements; got " +
+        DimsString(dims));
+  }
+  for (const ffi::AnyBuffer* r : {hi, lo}) {
+    if (r && (r->element_type() != ffi::DataType::F32 ||
+              r->dimensions().size() != 2 || r->dimensions()[0] != rows ||
+              r->dimensions()[1] != cols)) {
+      return ffi::Error::InvalidArgument(
+          std::string(name) + ": expected float32 reference halves of shape " +
+          DimsString(dims) + "; got " + DtypeName(r->element_type()) + " " +
+          DimsString(r->dimensions()));
+    }
+  }
+  const ffi::DataType cdt =
+      dt == ffi::DataType::F64 ? ffi::DataType::F64 : ffi::DataType::F32;
+  const struct {
+    ffi::DataType type;
+    int64_t size;
+    const char* name;
+  } want[kNumOut] = {
+      {ffi::DataType::S32, kFlagSlots + 3 * nbits + kNumRefCounts, "ints"},
+      {ffi::DataType::U32, 4, "hashes"},
+      {cdt, kNumFloats, "floats"},
+      {ffi::DataType::S32, rows, "row_ndiff"},
+      {cdt, rows, "row_abs_max"},
+      {cdt, rows, "row_abs_sum"},
+      {cdt, rows, "row_abs_sqs"},
+      {ffi::DataType::S32, cols, "col_ndiff"},
+      {cdt, cols, "col_abs_sum"},
+      {ffi::DataType::S32, (rows / 8) * (cols / 8), "tile_ndiff"},
+      {ffi::DataType::S32, kHistBuckets, "hist_abs"},
+      {ffi::DataType::S32, kHistBuckets, "hist_rel"},
+      {ffi::DataType::S32, kSampleCounts, "sample_counts"},
+  };
+  for (int k = 0; k < kNumOut; ++k) {
+    ffi::Result<ffi::AnyBuffer>& b = *out[k];
+    if (b->element_type() != want[k].type ||
+        static_cast<int64_t>(b->element_count()) != want[k].size) {
+      return ffi::Error::InvalidArgument(
+          std::string(name) + ": output " + want[k].name + " has " +
+          DtypeName(b->element_type()) + " with " +
+          std::to_string(b->element_count()) + " elements; expected " +
+          DtypeName(want[k].type) + " with " + std::to_string(want[k].size));
+    }
+  }
+
+  Job job;
+  job.t = t.untyped_data();
+  job.g = g.untyped_data();
+  job.hi = hi ? static_cast<const float*>(hi->untyped_data()) : nullptr;
+  job.lo = lo ? static_cast<const float*>(lo->untyped_data()) : nullptr;
+  job.plan = MakePlan(rows, cols);
+  const Plan& pl = job.plan;
+  std::vector<UnitOut> units(pl.units());
+  std::vector<int64_t> rnd(pl.n_chunks * rows);
+  std::vector<double> rmx(pl.n_chunks * rows), rsm(pl.n_chunks * rows),
+      rsq(pl.n_chunks * rows);
+  std::vector<int64_t> cnd(pl.n_stripes * cols);
+  std::vector<double> csm(pl.n_stripes * cols);
+  job.units = units.data();
+  job.row_nd = rnd.data();
+  job.row_max = rmx.data();
+  job.row_sum = rsm.data();
+  job.row_ssq = rsq.data();
+  job.col_nd = cnd.data();
+  job.col_sum = csm.data();
+  job.tile = (*out[kOutTile])->typed_data<int32_t>();
+
+  UnitFn fn = nullptr;
+  switch (dt) {
+    case ffi::DataType::F32: {
+      static const UnitFn f = PickUnitFn(32, false);
+      fn = f;
+      break;
+    }
+    case ffi::DataType::BF16: {
+      static const UnitFn f = PickUnitFn(16, true);
+      fn = f;
+      break;
+    }
+    case ffi::DataType::F16: {
+      static const UnitFn f = PickUnitFn(16, false);
+      fn = f;
+      break;
+    }
+    default: {
+      static const UnitFn f = PickUnitFn(64, false);
+      fn = f;
+      break;
+    }
+  }
+  RunUnits(pool, fn, job);
+  if (cdt == ffi::DataType::F64) {
+    CombineAndStore<double>(job, nbits, out);
+  } else {
+    CombineAndStore<float>(job, nbits, out);
+  }
+  return ffi::Error::Success();
+}
+
+#define PEAT_SIG_RESULTS                                                     \
+  ffi::Result<ffi::AnyBuffer> ints, ffi::Result<ffi::AnyBuffer> hashes,     \
+      ffi::Result<ffi::AnyBuffer> floats, ffi::Result<ffi::AnyBuffer> row_nd, \
+      ffi::Result<ffi::AnyBuffer> row_max,                                   \
+      ffi::Result<ffi::AnyBuffer> row_sum,                                   \
+      ffi::Result<ffi::AnyBuffer> row_sqs,                                   \
+      ffi::Result<ffi::AnyBuffer> col_nd,                                    \
+      ffi::Result<ffi::AnyBuffer> col_sum, ffi::Result<ffi::AnyBuffer> tile, \
+      ffi::Result<ffi::AnyBuffer> hist_abs,                                  \
+      ffi::Result<ffi::AnyBuffer> hist_rel,                                  \
+      ffi::Result<ffi::AnyBuffer> sample_counts
+#define PEAT_SIG_OUTS                                                      \
+  {&ints, &hashes, &floats, &row_nd, &row_max, &row_sum, &row_sqs, &col_nd, \
+   &col_sum, &tile, &hist_abs, &hist_rel, &sample_counts}
+
+ffi::Error SignatureNoRef(ffi::ThreadPool pool, ffi::AnyBuffer t,
+                          ffi::AnyBuffer g, PEAT_SIG_RESULTS) {
+  const Outs out = PEAT_SIG_OUTS;
+  return SignatureImpl(pool, t, g, nullptr, nullptr, out);
+}
+
+ffi::Error SignatureRef(ffi::ThreadPool pool, ffi::AnyBuffer t,
+                        ffi::AnyBuffer g, ffi::AnyBuffer hi, ffi::AnyBuffer lo,
+                        PEAT_SIG_RESULTS) {
+  const Outs out = PEAT_SIG_OUTS;
+  return SignatureImpl(pool, t, g, &hi, &lo, out);
+}
+
+}  // namespace
+}  // namespace sig
+}  // namespace peat
+
+PEAT_EXPORT_HANDLER(PeatSignature);
+PEAT_EXPORT_HANDLER(PeatSignatureRef);
+
+#define PEAT_SIG_RETS(b)              \
+  b.Ret<xla::ffi::AnyBuffer>()        \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()     \
+      .Ret<xla::ffi::AnyBuffer>()
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    PeatSignature, peat::sig::SignatureNoRef,
+    PEAT_SIG_RETS(xla::ffi::Ffi::Bind()
+                      .Ctx<xla::ffi::ThreadPool>()
+                      .Arg<xla::ffi::AnyBuffer>()
+                      .Arg<xla::ffi::AnyBuffer>()));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    PeatSignatureRef, peat::sig::SignatureRef,
+    PEAT_SIG_RETS(xla::ffi::Ffi::Bind()
+                      .Ctx<xla::ffi::ThreadPool>()
+                      .Arg<xla::ffi::AnyBuffer>()
+                      .Arg<xla::ffi::AnyBuffer>()
+                      .Arg<xla::ffi::AnyBuffer>()
+                      .Arg<xla::ffi::AnyBuffer>()));

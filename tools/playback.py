@@ -1,0 +1,153 @@
+r"""Playback FI of a kernel under test: over checkpoints, or op by op.
+
+Usage::
+
+  # model playback at every saved checkpoint of the campaign's golden run
+  python -m peat_jax.tools.playback --campaign_dir=runs/profile_cnn \
+      --kut=native:conv2d:in_bf16
+  # op-level playback on the inputs captured by peat-profile (no model)
+  python -m peat_jax.tools.playback --campaign_dir=runs/profile_cnn \
+      --kut=native:matmul:acc_bf16 --ops
+
+Model playback (default): for each saved checkpoint s of
+<campaign_dir>/golden (all but the last, or --steps), restore the training
+state, run step s once with the golden kernel and the KUT on identical
+inputs at every selected site, and record each site's signature and
+diagnosis plus the step's effect on loss, gradient norm and parameter update
+in <campaign_dir>/playback.msgpack. The golden run must exist
+(peat-profile or peat-validate made it) and --scenario, --batch_size and
+--overrides must match it.
+
+Op-level playback (--ops): for each (step, site) record that peat-profile
+captured for the KUT's kernel, load the site's inputs, run the KUT and the
+golden kernel on them (no model, no training state), compare with the
+float64 reference, and append the records to <campaign_dir>/ops.msgpack.
+Corrupt capture files are named in the error.
+
+Both resume: records already there are skipped. The end prints a summary
+table (per site: diagnosed error model, verdict, largest noise ratio) and
+the KUT's verdict; `peat-report` turns the records into the HTML report.
+KUT specs: golden, native:<matmul|conv2d|softmax|layer_norm>:<variant>[@tile]
+(peat_jax.kernels.kut.known_specs()).
+"""
+
+import os
+import sys
+
+from absl import flags
+
+from peat_jax.tools import _cli
+
+FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
+
+import peat_jax as peat
+from peat_jax import _campaign
+from peat_jax import _campaign_report
+from peat_jax import _capture_io
+from peat_jax import _oplevel
+from peat_jax.kernels import kut as _kut
+from peat_jax import models
+
+_CAMPAIGN_DIR = flags.DEFINE_string(
+    "campaign_dir", None,
+    "Campaign directory holding golden/ (model playback) or captures/ "
+    "(--ops). Required.", flag_values=FLAGS)
+_KUT = flags.DEFINE_string(
+    "kut", "native:conv2d:in_bf16",
+    "KUT spec: golden or native:<kernel>:<variant>[@tile].",
+    flag_values=FLAGS)
+_OPS = flags.DEFINE_bool(
+    "ops", False, "Op-level playback on the captured site inputs (no model) "
+    "instead of model playback over checkpoints.", flag_values=FLAGS)
+_SELECT = flags.DEFINE_string(
+    "select", None, "fnmatch pattern narrowing the KUT's sites.",
+    flag_values=FLAGS)
+_STEPS = flags.DEFINE_list(
+    "steps", None, "Steps to play back (checkpoint steps, or with --ops "
+    "capture steps); default all.", flag_values=FLAGS)
+_PHASE = flags.DEFINE_list(
+    "phase", ["fwd"], "--ops only: site phases to play back (fwd, bwd); "
+    "empty for every captured phase.", flag_values=FLAGS)
+_SCENARIO = flags.DEFINE_string(
+    "scenario", models.DEFAULT_SCENARIO,
+    f"Model playback: the golden run's scenario, one of "
+    f"{models.scenario_names()}.", flag_values=FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", None, "Model playback: the golden run's batch size "
+    "override.", flag_values=FLAGS)
+_OVERRIDES = flags.DEFINE_string(
+    "overrides", None, "Model playback: the golden run's JSON config "
+    "overrides.", flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "Model playback: the golden seed.",
+                             flag_values=FLAGS)
+
+
+def _model(directory: str, steps) -> tuple[list, list, list]:
+  task = _cli.make_task(_SCENARIO.value, directory,
+                        overrides=_OVERRIDES.value,
+                        batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+  golden = os.path.join(directory, "golden")
+  if steps is None:
+    saved = peat.saved_steps(os.path.join(golden, "checkpoints"))
+    n = max(len(saved) - 1, 1)
+  else:
+    n = len(steps)
+  result = _campaign.playback(
+      task, golden, _KUT.value, campaign_dir=directory, steps=steps,
+      select=_SELECT.value,
+      progress=_cli.Eta(n, prefixes=("playback step",)))
+  return result.records, result.sites, result.effects
+
+
+def _ops(directory: str, steps) -> tuple[list, list, list]:
+  cdir = _oplevel.captures_dir_of(directory)
+  phase = tuple(_PHASE.value) or None
+  n = len(_oplevel.select_entries(
+      _capture_io.read_index(cdir), _KUT.value, select=_SELECT.value,
+      phase=phase, steps=steps))
+  result = _oplevel.playback_ops(
+      directory, _KUT.value, select=_SELECT.value, phase=phase, steps=steps,
+      campaign_dir=directory, progress=_cli.Eta(n, prefixes=("op ",)))
+  return result.records, result.sites, []
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if not _CAMPAIGN_DIR.value:
+    print("error: --campaign_dir is required (a campaign made by "
+          "peat-profile or peat-validate)", file=sys.stderr)
+    return 2
+  directory = os.path.abspath(_CAMPAIGN_DIR.value)
+  try:
+    steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
+  except ValueError:
+    print(f"error: --steps must be integers; got {_STEPS.value}",
+          file=sys.stderr)
+    return 2
+  try:
+    _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
+    with _campaign.campaign_lock(directory):
+      records, sites, effects = (_ops if _OPS.value else _model)(directory,
+                                                                 steps)
+    data = _campaign_report.report_data(
+        kut=_KUT.value, scenario=_SCENARIO.value if not _OPS.value
+        else "captured inputs", records=records, sites=sites,
+        effects=effects)
+  except peat.PeatError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(_campaign.summary_table(data))
+  name = _oplevel.OPS_FILE if _OPS.value else _campaign.PLAYBACK_FILE
+  print(f"records: {os.path.join(directory, name)}")
+  print(f"verdict: {data['verdict']['verdict']}")
+  return 0
+
+
+def run() -> None:
+  """Console-script entry point (``peat-playback``)."""
+  _cli.run(main, FLAGS, __doc__)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,133 @@
+r"""Runtime FI: train with a kernel under test at several frequencies.
+
+Usage::
+
+  python -m peat_jax.tools.runtime --campaign_dir=runs/profile_cnn \
+      --kut=native:conv2d:in_bf16 --frequencies=every,every_4,fraction_0.25
+  python -m peat_jax.tools.runtime --campaign_dir=runs/c1 \
+      --kut=native:matmul:acc_bf16 --start_step=20 --steps=30
+
+From the golden checkpoint --start_step of <campaign_dir>/golden, trains
+--steps steps once per frequency with the KUT at the selected sites:
+
+  every          every call of every selected site
+  every_<n>      every call on steps where step % n == 0, golden otherwise
+  fraction_<p>   a seeded random share p of the calls (seed 0)
+
+Errors persist and propagate, unlike playback FI. Each run's loss is
+compared with the golden trajectory retrained from the same state; the
+golden seed-to-seed spread (fresh runs with --seeds) sets the divergence
+threshold: a run diverges at the first step whose loss is NaN/Inf, above
+10x golden, or beyond 3x the spread envelope for 5 consecutive steps.
+Results go to <campaign_dir>/runtime.msgpack (finished frequencies are
+skipped when run again); the end prints a table per frequency. The golden
+run must exist (peat-profile or peat-validate made it) and --scenario,
+--batch_size and --overrides must match it.
+"""
+
+import os
+import sys
+
+from absl import flags
+
+from peat_jax.tools import _cli
+
+FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
+
+import peat_jax as peat
+from peat_jax import _campaign
+from peat_jax.kernels import kut as _kut
+from peat_jax import models
+
+_CAMPAIGN_DIR = flags.DEFINE_string(
+    "campaign_dir", None, "Campaign directory holding golden/. Required.",
+    flag_values=FLAGS)
+_KUT = flags.DEFINE_string(
+    "kut", "native:conv2d:in_bf16",
+    "KUT spec: golden or native:<kernel>:<variant>[@tile].",
+    flag_values=FLAGS)
+_FREQUENCIES = flags.DEFINE_list(
+    "frequencies", ["every", "every_4", "fraction_0.25"],
+    "Frequencies: every, every_<n>, fraction_<p>.", flag_values=FLAGS)
+_STEPS = flags.DEFINE_integer("steps", 40, "Training steps per frequency.",
+                              flag_values=FLAGS)
+_START = flags.DEFINE_integer(
+    "start_step", 0, "Saved golden checkpoint step to start from.",
+    flag_values=FLAGS)
+_SEEDS = flags.DEFINE_list(
+    "seeds", ["1", "2"], "Golden seeds of the seed-to-seed spread.",
+    flag_values=FLAGS)
+_SELECT = flags.DEFINE_string(
+    "select", None, "fnmatch pattern narrowing the KUT's sites.",
+    flag_values=FLAGS)
+_SCENARIO = flags.DEFINE_string(
+    "scenario", models.DEFAULT_SCENARIO,
+    f"The golden run's scenario, one of {models.scenario_names()}.",
+    flag_values=FLAGS)
+_BATCH_SIZE = flags.DEFINE_integer(
+    "batch_size", None, "The golden run's batch size override.",
+    flag_values=FLAGS)
+_OVERRIDES = flags.DEFINE_string(
+    "overrides", None, "The golden run's JSON config overrides.",
+    flag_values=FLAGS)
+_SEED = flags.DEFINE_integer("seed", 0, "The golden seed.",
+                             flag_values=FLAGS)
+
+
+def summary(result: _campaign.RuntimeResult) -> str:
+  """Per-frequency table: final losses, largest loss gap, divergence."""
+  rows = []
+  for r in result.runs:
+    gap = max(abs(a - b) for a, b in zip(r["loss"], r["golden_loss"]))
+    rows.append((r["frequency"], len(r["loss"]), r["loss"][-1],
+                 r["golden_loss"][-1], gap,
+                 r["diverged_at"] if r["diverged_at"] is not None else "no",
+                 r["reason"] or ""))
+  return _cli.table(rows, ("frequency", "steps", "final loss",
+                           "golden final", "max |loss - golden|",
+                           "diverged at", "reason"))
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if not _CAMPAIGN_DIR.value:
+    print("error: --campaign_dir is required (a campaign made by "
+          "peat-profile or peat-validate)", file=sys.stderr)
+    return 2
+  directory = os.path.abspath(_CAMPAIGN_DIR.value)
+  try:
+    seeds = tuple(int(s) for s in _SEEDS.value)
+  except ValueError:
+    print(f"error: --seeds must be integers; got {_SEEDS.value}",
+          file=sys.stderr)
+    return 2
+  try:
+    _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
+    for f in _FREQUENCIES.value:
+      _campaign.parse_frequency(f)
+    task = _cli.make_task(_SCENARIO.value, directory,
+                          overrides=_OVERRIDES.value,
+                          batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+    with _campaign.campaign_lock(directory):
+      result = _campaign.runtime(
+          task, os.path.join(directory, "golden"), _KUT.value,
+          frequencies=tuple(_FREQUENCIES.value), steps=_STEPS.value,
+          start_step=_START.value, seeds=seeds, campaign_dir=directory,
+          select=_SELECT.value,
+          progress=_cli.Eta(len(_FREQUENCIES.value), prefixes=("runtime ",)))
+  except peat.PeatError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(summary(result))
+  print(f"records: {os.path.join(directory, _campaign.RUNTIME_FILE)}")
+  return 0
+
+
+def run() -> None:
+  """Console-script entry point (``peat-runtime``)."""
+  _cli.run(main, FLAGS, __doc__)
+
+
+if __name__ == "__main__":
+  run()
