@@ -34,6 +34,8 @@ from peat_jax._detector import detect as detect
 from peat_jax._detector import detect_batch as detect_batch
 from peat_jax._detector import verdict as verdict
 from peat_jax._errors import PeatError as PeatError
+from peat_jax._isolate import TaskFactory as TaskFactory
+from peat_jax._isolate import check_kut as check_kut
 from peat_jax._monitor import Monitor as Monitor
 from peat_jax._golden import GoldenResult as GoldenResult
 from peat_jax._golden import abstract_state as abstract_state
@@ -57,6 +59,7 @@ from peat_jax._inject import kernel_campaign as kernel_campaign
 from peat_jax._inject import replay as replay
 from peat_jax._oplevel import OpsResult as OpsResult
 from peat_jax._oplevel import playback_ops as playback_ops
+from peat_jax._records import RecordFileError as RecordFileError
 from peat_jax._reference import REFERENCES as REFERENCES
 from peat_jax._reference import reference as reference
 from peat_jax._reference import reference_attention as reference_attention
