@@ -2,24 +2,31 @@
 
 All three are measured in the same run, on the same 4096 x 4096 float32
 pair (a KUT with relative noise ~1e-6 against its golden), best of
-`--repeats` timings each:
+`--repeats` timings (the NumPy implementation: best of 2):
 
 * ceiling: a large array copy (NumPy `copyto` into a preallocated buffer and
   a jitted JAX copy; the faster one), counted as bytes read + written;
 * peat_jax: `peat_jax._analyzer.analyze(t, g)` (all fields), counted as the
-  bytes of the two inputs;
+  bytes of the two inputs; on CPU its statistics pass is the native kernel
+  (csrc/signature.cc). Also shown: that pass alone, and `analyze` on a pair
+  whose values are beyond the native fast path (|x| >= 448: every block
+  takes the general path);
 * NumPy: a straightforward vectorized NumPy implementation of the same
   statistics (`numpy_signature` below), counted the same way;
 
 then the batched form on 1,000 small records (records per second), and the
-same records analyzed one call at a time for comparison.
+same records analyzed one call at a time for comparison. The load average
+is printed before and after: the ratios are only meaningful on a quiet
+machine (the copy is memory-bound, the analyzer compute-bound).
 
-Run: .venv/bin/python benchmarks/bench_analyzer.py [--n 4096] [--repeats 3]
+Run: .venv/bin/python benchmarks/bench_analyzer.py [--n 4096] [--repeats 20]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 
 import jax
@@ -29,14 +36,18 @@ import numpy as np
 from peat_jax import _analyzer as A
 
 
-def _best(fn, repeats: int) -> float:
+def _times(fn, repeats: int) -> list[float]:
   fn()  # warm-up (compilation, page faults)
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
     fn()
     times.append(time.perf_counter() - t0)
-  return min(times)
+  return times
+
+
+def _best(fn, repeats: int) -> float:
+  return min(_times(fn, repeats))
 
 
 def numpy_signature(t: np.ndarray, g: np.ndarray) -> dict:
@@ -113,11 +124,12 @@ def numpy_signature(t: np.ndarray, g: np.ndarray) -> dict:
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--n", type=int, default=4096)
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--sites", type=int, default=1000)
   p.add_argument("--site_shape", type=str, default="32,64")
   args = p.parse_args()
 
+  load0 = os.getloadavg()[0]
   n = args.n
   rng = np.random.default_rng(0)
   g = rng.standard_normal((n, n), dtype=np.float32)
@@ -127,6 +139,8 @@ def main() -> None:
   gj, tj = jnp.asarray(g), jnp.asarray(t)
   jax.block_until_ready((gj, tj))
 
+  # Best times of the same number of repeats for the ceiling and for
+  # peat_jax (the copy's best time is as noisy on a shared machine).
   dst = np.empty_like(g)
   t_np_copy = _best(lambda: np.copyto(dst, g), args.repeats)
   jcopy = jax.jit(lambda x: x + 0.0)
@@ -137,10 +151,21 @@ def main() -> None:
   t_one = _best(lambda: jax.block_until_ready(one(tj, gj)), args.repeats)
   cnt = jax.jit(lambda a, b: jnp.sum(a == b, dtype=jnp.int32))
   t_cnt = _best(lambda: jax.block_until_ready(cnt(tj, gj)), args.repeats)
-  t_peat = _best(lambda: jax.block_until_ready(A.analyze(tj, gj)),
-                 args.repeats)
-  t_numpy = _best(lambda: numpy_signature(t, g), max(1, args.repeats - 1))
+  peat_times = _times(lambda: jax.block_until_ready(A.analyze(tj, gj)),
+                      args.repeats)
+  t_peat = min(peat_times)
   gbs_peat = 2 * nbytes / t_peat
+  native = jax.default_backend() == "cpu"
+  if native:
+    from peat_jax.kernels import _ffi  # pylint: disable=g-import-not-at-top
+    npass = jax.jit(lambda a, b: _ffi.signature_pass(a, b, None, None))
+    t_pass = _best(lambda: jax.block_until_ready(npass(tj, gj)),
+                   args.repeats)
+  wide_g = jnp.asarray(g * np.float32(1000.0))
+  wide_t = jnp.asarray(t * np.float32(1000.0))
+  t_wide = _best(lambda: jax.block_until_ready(A.analyze(wide_t, wide_g)),
+                 max(1, args.repeats // 4))
+  t_numpy = _best(lambda: numpy_signature(t, g), 2)
   gbs_numpy = 2 * nbytes / t_numpy
 
   print(f"Analyzer benchmark: {n}x{n} float32 pair ({2 * nbytes / 1e6:.0f} "
@@ -150,7 +175,12 @@ def main() -> None:
         f"{2 * nbytes / t_np_copy / 1e9:.2f}, jax copy "
         f"{2 * nbytes / t_jax_copy / 1e9:.2f}; read + write)")
   print(f"  peat_jax       : {gbs_peat / 1e9:7.2f} GB/s  ({t_peat * 1e3:8.1f}"
-        " ms)")
+        f" ms; median {statistics.median(peat_times) * 1e3:.1f} ms)")
+  if native:
+    print(f"    native pass  : {2 * nbytes / t_pass / 1e9:7.2f} GB/s  "
+          f"({t_pass * 1e3:8.1f} ms)")
+  print(f"    |x| >= 448   : {2 * nbytes / t_wide / 1e9:7.2f} GB/s  "
+        f"({t_wide * 1e3:8.1f} ms; general path)")
   print(f"  numpy          : {gbs_numpy / 1e9:7.2f} GB/s  ({t_numpy * 1e3:8.1f}"
         " ms)")
   print(f"  context: one XLA reduction sum|t-g| "
@@ -175,6 +205,8 @@ def main() -> None:
         f"({t_batch * 1e3:.1f} ms)")
   print(f"  analyze, 1 call per record: {args.sites / t_loop:10.0f} "
         f"records/s (measured on {few})")
+  print(f"load average: {load0:.2f} before, {os.getloadavg()[0]:.2f} after "
+        f"({os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@ A *signature* is a fixed set of statistics of one pseudo-error (KUT output `t`
 minus golden output `g` at one site and step), optionally against a float64
 *reference* `r`. It is computed in three layers:
 
-1. `_accumulate(t, g, ref)`: one jit-compiled, vectorized pass over the
-   elements that returns a `SignatureState`: mergeable partial statistics
-   (counts, sums, maxima, histograms, per-row/per-column vectors).
+1. The statistics pass: one read of the elements that returns a
+   `SignatureState`: mergeable partial statistics (counts, sums, maxima,
+   histograms, per-row/per-column vectors). On CPU it is the native kernel
+   `peat_jax/kernels/csrc/signature.cc` (`_accumulate_native`, an XLA FFI
+   call), elsewhere and for batches pure JAX (`_accumulate`,
+   `_accumulate_bits`); `_accumulate_auto` picks by platform when lowering.
 2. `_merge(a, b)`: combines two states (the streaming form's update).
 3. `_finalize(state)`: turns a state into the user-facing `Signature`.
 
@@ -139,7 +142,7 @@ class SignatureState(NamedTuple):
   ratio_max: Array
   logratio_sum: Array
   slope_sums: Array  # f[5]: sum x, y, xy, xx, yy with x=log2|g|, y=log2|t-g|
-  hash_t: Array  # uint32[2]: order-free multiset hashes of t's bit patterns
+  hash_t: Array  # uint32[2]: order-free sums: mixed hash, plain bit pattern
   hash_g: Array  # uint32[2]
   shift_col_match: Array  # int32[2*SHIFT_RANGE+1]
   shift_col_n: Array
@@ -218,8 +221,9 @@ class Signature(NamedTuple):
     repr_test, repr_golden: float32[5]: share of elements of t (of g) that
       are exactly representable (finite, round-trip equal) in bf16, fp16,
       tf32 (10 mantissa bits, float32 range), fp8_e4m3 (e4m3fn), fp8_e5m2,
-      in that order (NARROW_FORMATS). `precision:<fmt>` drives
-      repr_test[fmt] to 1 while repr_golden[fmt] stays low.
+      in that order (NARROW_FORMATS), decided exactly from the bit pattern
+      (`_representable`). `precision:<fmt>` drives repr_test[fmt] to 1
+      while repr_golden[fmt] stays low.
     abs_max, abs_mean, abs_rms: max, mean, sqrt(mean(d**2)) of |d|.
     rel_max, rel_mean, rel_rms: same for rel.
     abs_pct, rel_pct: float32[4]: the PERCENTILES (50, 90, 99, 99.9) of |d|
@@ -231,7 +235,8 @@ class Signature(NamedTuple):
       (65536) the histogram holds a jittered stratified sample of
       PCT_SAMPLE elements (one per stratum of n // PCT_SAMPLE elements).
     err_mean: mean of signed d. bias: err_mean / abs_rms (0 if abs_rms is
-      0), in [-1, 1]: about 0 for unbiased rounding noise.
+      0 or err_mean undefined), in [-1, 1]: about 0 for unbiased rounding
+      noise.
     mag_bias: mean(sign(g) * sign(d) * rel) / rel_rms, in [-1, 1]: the
       bias toward larger (> 0) or smaller (< 0) magnitudes, scale-free;
       about -0.8 for `truncation` (round toward zero), about 0 for round to
@@ -265,7 +270,8 @@ class Signature(NamedTuple):
       slope ~1 means relative-like (rounding), ~0 absolute-like (0 when
       undefined).
     is_permutation: bool: the multisets of bit patterns of t and g are
-      equal (two order-free 32-bit hash sums) and n_bit_equal < n.
+      equal (two order-free 32-bit sums: of a mixing hash of the patterns
+      and of the patterns) and n_bit_equal < n.
     shift_col_share, shift_row_share: float32[17]: for s = -8..8 (index s+8),
       the share of compared elements where t[i, j] == g[i, j - s] (columns)
       or t[i, j] == g[i - s, j] (rows), bitwise, counting only in-range
@@ -289,10 +295,12 @@ class Signature(NamedTuple):
       is strictly closer to r.
     ref_test_shrunk, ref_test_grown, ref_golden_shrunk, ref_golden_grown:
       share of elements (t, g, r finite, r != 0) where |t| < |r| / |t| > |r|
-      (and the same for g): round toward zero gives ref_test_grown = 0.
-    zeroed_golden_absmax: max |g| over the zeroed elements (t == 0, g
-      finite and nonzero), 0 when none: below a format's smallest normal,
-      the zeros are flushes (`ftz`), not missed writes.
+      (and the same for g; r's sign and zero from the bits of its float32
+      high part): round toward zero gives ref_test_grown = 0.
+    zeroed_golden_absmax: max |g| over the zeroed elements (those counted
+      in n_zeroed: t == +-0, g finite and nonzero), 0 when none: below a
+      format's smallest normal, the zeros are flushes (`ftz`), not missed
+      writes.
     The ref_* fields, noise_ratio and the share_*_closer fields are NaN
     when no reference was given.
   """
@@ -512,6 +520,12 @@ _NARROW_SPECS = {
 }
 
 
+def _mix32(u: Array) -> Array:
+  """One multiply-xorshift round on uint32 words (the multiset hash's mix)."""
+  h = (u ^ (u >> 16)) * jnp.uint32(0x45D9F3B)
+  return h ^ (h >> 16)
+
+
 def _representable(u: Array, dtype) -> list[Array]:
   """Per NARROW_FORMATS: the value with bit pattern u is exactly representable.
 
@@ -723,8 +737,8 @@ def _element_words(ut: Array, ug: Array,
   for u in (ut, ug):
     ws = _words(u)
     w = ws[0] if len(ws) == 1 else ws[0] ^ _hash32(ws[1], 0x27D4EB2F, 7)
-    # A mixed hash and the plain pattern (both summed with wrap-around).
-    hw += [_hash32(w, 0x9E3779B1, 0x7F4A7C15), w]
+    # The mixed and the plain pattern (both summed with wrap-around).
+    hw += [_mix32(w), w]
   return words, hw
 
 
@@ -1597,8 +1611,13 @@ def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
   return _finalize(_accumulate_auto(t, g, ref_hi, ref_lo))
 
 
-# The statistics pass and the (cheap) finalization are compiled separately
-# so that `analyze`, the streaming form and the reference form share them.
+# `analyze`: the statistics pass and the finalization in one executable
+# (the state's ~55 arrays are never materialized: less per-call overhead).
+_analyze_jit = jax.jit(
+    lambda t, g: _finalize(_accumulate_auto(t, g, None, None)))
+_analyze_ref_jit = jax.jit(
+    lambda t, g, hi, lo: _finalize(_accumulate_auto(t, g, hi, lo)))
+# The streaming form: the pass and the finalization separately.
 _accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
 _accumulate_ref_jit = jax.jit(_accumulate_auto)
 _finalize_jit = jax.jit(_finalize)
@@ -1645,9 +1664,11 @@ def _as_array(x, dtype):
 def analyze(test, golden, reference=None) -> Signature:
   """Signature of the pseudo-error `test - golden` at one site and step.
 
-  One jit-compiled pass (`_accumulate`) computes every statistic; a small
-  jit-compiled finalization (O(rows + columns) work) derives the fields. A
-  second call with the same shape and dtype reuses both executables.
+  One jit-compiled executable: the statistics pass computes every
+  statistic (on CPU the native kernel, elsewhere pure JAX; see
+  docs/signature.md) and a small finalization (O(rows + columns) work)
+  derives the fields. A second call with the same shape and dtype reuses
+  it.
 
   Args:
     test: output of the kernel under test (float32, bfloat16, float16 or
@@ -1675,13 +1696,17 @@ def analyze(test, golden, reference=None) -> Signature:
     t = _as_array(test, dtype)
     g = _as_array(golden, dtype)
     if reference is None:
-      return _finalize_jit(_accumulate_jit(t, g))
+      return _analyze_jit(t, g)
     hi, lo = _split_reference(reference, shape, batched=False)
-    return _finalize_jit(_accumulate_ref_jit(t, g, hi, lo))
+    return _analyze_ref_jit(t, g, hi, lo)
 
 
 def analyze_batch(tests, goldens, references=None) -> Signature:
   """Signatures of many records of one shape/dtype in one compiled call.
+
+  The pure-JAX pass, vmapped, on every platform (fed bit patterns from a
+  separate executable, see `_accumulate_bits`); its results agree with
+  `analyze` record by record (counts exactly, floats to summation order).
 
   Args:
     tests: array of shape (B, *record_shape): KUT outputs of B (site, step)

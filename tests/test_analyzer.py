@@ -248,6 +248,40 @@ def test_degenerate_golden_is_defined(fill):
     assert not np.isnan(np.asarray(getattr(s, name), np.float64)).any(), name
 
 
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_representable_is_the_exact_round_trip(name):
+  """The integer rule equals an exact round trip (ml_dtypes, no flushing),
+  subnormals and range edges included."""
+  rng = np.random.default_rng(7)
+  edges = [0.0, -0.0, 1e-40, 1e-45, 2.0**-24, 2.0**-25, 2.0**-9, 2.0**-10,
+           448.0, 464.0, 480.0, 57344.0, 61440.0, 65504.0, 65520.0,
+           1 + 2.0**-10, 1 + 2.0**-11, 3e38, np.inf, np.nan, 1e-310]
+  x = np.concatenate([edges, rng.standard_normal(400) *
+                      np.exp2(rng.integers(-40, 40, 400))])
+  with np.errstate(over="ignore", invalid="ignore"):
+    x = np.concatenate([x] + [x.astype(d).astype(np.float64) for d in (
+        ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn,
+        ml_dtypes.float8_e5m2)])
+    x = x.astype(DTYPES[name])
+  u = x.view(UINT[x.itemsize])
+  with jax.enable_x64(name == "float64"):
+    got = jax.jit(lambda v: A._representable(v, x.dtype))(u)
+  xd = x.astype(np.float64)
+  with np.errstate(over="ignore", invalid="ignore"):
+    for fmt, mask in zip(A.NARROW_FORMATS, got):
+      if fmt == "tf32":
+        x32 = xd.astype(np.float32)
+        want = (x32.astype(np.float64) == xd) & (
+            (x32.view(np.uint32) & 0x1FFF) == 0)
+      else:
+        nd = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16,
+              "fp8_e4m3": ml_dtypes.float8_e4m3fn,
+              "fp8_e5m2": ml_dtypes.float8_e5m2}[fmt]
+        want = xd.astype(nd).astype(np.float64) == xd
+      np.testing.assert_array_equal(np.asarray(mask), want & np.isfinite(xd),
+                                    err_msg=fmt)
+
+
 # ----------------------------------------------- reference / noise floor
 
 
@@ -276,28 +310,22 @@ def test_noise_floor_ratio_with_reference():
 # ------------------------------------------------ batched and streaming
 
 
-def _jax_signature(t, g):
-  """One record through the pure-JAX pass (the batched form's pass)."""
-  st = A._accumulate_bits_jit(A._bits_jit(t), A._bits_jit(g), None, None,
-                              dtype=np.dtype(t.dtype))
-  return A._finalize_jit(st)
-
-
 def test_batch_matches_single_records():
-  """The batched form equals its single-record pass record by record (the
-  native single-record pass is compared with it in test_analyzer_native)."""
+  """Batched (pure-JAX pass) == one record at a time (on CPU the native
+  pass): counts exactly, floats to 1e-4 (summation order; err_corr, from
+  differences of sums, moves most: 2.4e-5 here)."""
   rng = np.random.default_rng(5)
   gs = np.stack([_golden(np.float32, seed=i) for i in range(3)])
   ts = (gs * (1 + 1e-6 * rng.standard_normal(gs.shape))).astype(np.float32)
   ts[1, 2, 3] = np.nan
   sb = A.analyze_batch(ts, gs)
   for i in range(3):
-    si = _jax_signature(ts[i], gs[i])
+    si = A.analyze(ts[i], gs[i])
     for name in A.Signature._fields:
       got = np.asarray(getattr(sb, name))[i]
       want = np.asarray(getattr(si, name))
       if np.issubdtype(want.dtype, np.floating):
-        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(got, want, rtol=1e-4, err_msg=name)
       else:
         np.testing.assert_array_equal(got, want, err_msg=name)
 
@@ -332,12 +360,12 @@ def test_streaming_accumulates_over_steps():
 def test_second_call_does_not_recompile():
   g = _golden(np.float32)
   A.analyze(g * 2, g)
-  before = (A._accumulate_jit._cache_size(), A._finalize_jit._cache_size())
+  before = A._analyze_jit._cache_size()
+  assert before >= 1
   with jax.log_compiles(True):
     s = A.analyze(_golden(np.float32, seed=9), g)
   jax.block_until_ready(s)
-  assert (A._accumulate_jit._cache_size(),
-          A._finalize_jit._cache_size()) == before
+  assert A._analyze_jit._cache_size() == before
 
 
 def test_bitwise_deterministic():

@@ -163,17 +163,38 @@ PEAT_INLINE vf32 Log2(vf32 x) {
   return (b >= 0x7F800000u) ? x : r;
 }
 
-// log2 for x >= 0 (float64 lanes), libm per lane; zero and subnormal give
-// -inf (DAZ, as XLA:CPU). Float64 records are not the fast case.
+// log2 of positive normal float64 lanes: exponent plus 2 atanh(s) / ln 2
+// with s = (m - 1) / (m + 1) for the mantissa m in [sqrt(1/2), sqrt(2))
+// (|s| <= 0.1716; series to s**23: error ~2 ulp).
+PEAT_INLINE vf64 Log2Pos(vf64 x) {
+  const vu64 b = (vu64)x;
+  const vi64 e = ((vi64)(b - 0x3FE6A09E667F3BCDull)) >> 52;
+  const vf64 m = (vf64)(b - ((vu64)e << 52));
+  const vf64 s = (m - 1.0) / (m + 1.0);
+  const vf64 s2 = s * s;
+  vf64 p = Splat<vf64>(1.0 / 23);
+  p = p * s2 + 1.0 / 21;
+  p = p * s2 + 1.0 / 19;
+  p = p * s2 + 1.0 / 17;
+  p = p * s2 + 1.0 / 15;
+  p = p * s2 + 1.0 / 13;
+  p = p * s2 + 1.0 / 11;
+  p = p * s2 + 1.0 / 9;
+  p = p * s2 + 1.0 / 7;
+  p = p * s2 + 1.0 / 5;
+  p = p * s2 + 1.0 / 3;
+  p = p * s2 + 1.0;
+  return __builtin_convertvector(e, vf64) + (s * p) * 2.8853900817779268;
+}
+
+// log2 of x >= 0 (float64 lanes): Log2Pos, with zero and subnormal inputs
+// giving -inf (DAZ, as XLA:CPU); +inf gives +inf, NaN NaN.
 PEAT_INLINE vf64 Log2(vf64 x) {
   const vu64 b = (vu64)x;
-  vf64 r;
-  for (int i = 0; i < 8; ++i) {
-    r[i] = (b[i] >> 52) == 0 ? -INFINITY : std::log2(x[i]);
-  }
-  return r;
+  vf64 r = Log2Pos(x);
+  r = ((b >> 52) == 0) ? Splat<vf64>(-INFINITY) : r;
+  return (b >= 0x7FF0000000000000ull) ? x : r;
 }
-PEAT_INLINE vf64 Log2Pos(vf64 x) { return Log2(x); }
 
 // True if any bit of v is set.
 template <class V>
@@ -246,6 +267,14 @@ PEAT_INLINE VU Hash32(VU u, uint32_t mul, uint32_t add) {
   return h;
 }
 
+// One round of multiply-xorshift (_mix32 in _analyzer.py): the multiset
+// hash's mixing function, on 32-bit values in 32- or 64-bit lanes.
+template <class VU>
+PEAT_INLINE VU Mix32(VU u) {
+  VU h = ((u ^ (u >> 16)) * 0x45D9F3Bu) & 0xFFFFFFFFu;
+  return h ^ (h >> 16);
+}
+
 // --------------------------------------------------- per-bit counting
 
 // Per-bit-position counts of a stream of words (lanes x bits), exact:
@@ -280,28 +309,38 @@ struct BitCounter {
 
   PEAT_MINLINE void Push(const VU* words) {
     for (int w = 0; w < kWords; ++w) buf[nbuf][w] = words[w];
-    if (++nbuf == 16) Group();
+    if (++nbuf == 16) Group(buf);
   }
 
-  void Group() {
+  // Adds n groups of words (a block): straight from `words` when it is a
+  // whole group and none is pending.
+  PEAT_MINLINE void PushBlock(const VU (*words)[kWords], int n) {
+    if (nbuf == 0 && n == 16) {
+      Group(words);
+      return;
+    }
+    for (int i = 0; i < n; ++i) Push(words[i]);
+  }
+
+  void Group(const VU (*in)[kWords]) {
     for (int w = 0; w < kWords; ++w) {
       VU twosA, twosB, foursA, foursB, eightsA, eightsB, sixteens;
       VU& o = ones[w];
       VU& t = twos[w];
       VU& f = fours[w];
       VU& e = eights[w];
-      Csa(twosA, o, o, buf[0][w], buf[1][w]);
-      Csa(twosB, o, o, buf[2][w], buf[3][w]);
+      Csa(twosA, o, o, in[0][w], in[1][w]);
+      Csa(twosB, o, o, in[2][w], in[3][w]);
       Csa(foursA, t, t, twosA, twosB);
-      Csa(twosA, o, o, buf[4][w], buf[5][w]);
-      Csa(twosB, o, o, buf[6][w], buf[7][w]);
+      Csa(twosA, o, o, in[4][w], in[5][w]);
+      Csa(twosB, o, o, in[6][w], in[7][w]);
       Csa(foursB, t, t, twosA, twosB);
       Csa(eightsA, f, f, foursA, foursB);
-      Csa(twosA, o, o, buf[8][w], buf[9][w]);
-      Csa(twosB, o, o, buf[10][w], buf[11][w]);
+      Csa(twosA, o, o, in[8][w], in[9][w]);
+      Csa(twosB, o, o, in[10][w], in[11][w]);
       Csa(foursA, t, t, twosA, twosB);
-      Csa(twosA, o, o, buf[12][w], buf[13][w]);
-      Csa(twosB, o, o, buf[14][w], buf[15][w]);
+      Csa(twosA, o, o, in[12][w], in[13][w]);
+      Csa(twosB, o, o, in[14][w], in[15][w]);
       Csa(foursB, t, t, twosA, twosB);
       Csa(eightsB, f, f, foursA, foursB);
       Csa(sixteens, e, e, eightsA, eightsB);
@@ -341,7 +380,7 @@ struct BitCounter {
   void Finish() {
     while (nbuf != 0) {
       for (int w = 0; w < kWords; ++w) buf[nbuf][w] = VU{};
-      if (++nbuf == 16) Group();
+      if (++nbuf == 16) Group(buf);
     }
     ReadPlanes();
     for (int w = 0; w < kWords; ++w) {
@@ -479,7 +518,8 @@ struct UnitPass {
   static constexpr int W = Tr::W;
   // Vectors per block of the fast path.
   static constexpr int kBlock = 16;
-  static constexpr bool kWideSsq = sizeof(F) == 4;  // float sums of squares in double
+  // Float records: double sums (float lanes are moved into them).
+  static constexpr bool kWideSsq = sizeof(F) == 4;
   // Float lane sums are moved to double after kFlushEvery vectors at most
   // (checked after each block, so up to kFlushEvery + kBlock - 1).
   static constexpr int kFlushEvery = 240;
@@ -563,59 +603,44 @@ struct UnitPass {
     since_flush = 0;
   }
 
-  // Statistics common to both paths, given the derived per-lane values.
-  PEAT_MINLINE void Bits(VU ut, VU ug, VI fp, VI valid) {
-    VU mt = ut & C::kMag, mg = ug & C::kMag;
-    using SI = std::make_signed_t<U>;
-    using VS = VI;
-    VS st = (VS)mt, sg = (VS)mg;
-    st = (ut & C::kSign) ? -st : st;
-    sg = (ug & C::kSign) ? -sg : sg;
-    VU du = (VU)st - (VU)sg;
-    VU ulp = (st >= sg) ? du : -du;
-    ulp = Smear(ulp & (VU)fp);
-    (void)sizeof(SI);
-    VU words[3] = {ut & ~ug, ug & ~ut, ulp};
-    bits.Push(words);
-    // Order-free hashes of the bit patterns.
+  // The three per-bit-counted words of a vector: bits forced up, bits
+  // forced down, and the ULP distance smeared (bit k set iff the distance
+  // is >= 2**k). The distance between the ordered integers is |mt - mg| for
+  // equal signs and mt + mg for opposite ones (+0 and -0 are 0 apart).
+  PEAT_MINLINE void Words(VU ut, VU ug, VI sign_differs, VU fp, VU* words) {
+    const VU mt = ut & C::kMag, mg = ug & C::kMag;
+    const VS diff = (VS)(mt - mg);
+    const VU dist = sign_differs ? mt + mg : (VU)(diff < 0 ? -diff : diff);
+    words[0] = ut & ~ug;
+    words[1] = ug & ~ut;
+    words[2] = Smear(dist & fp);
+  }
+
+  // Adds the order-free hash terms of a vector (`valid` lanes): the mixed
+  // and the plain pattern of t and of g (_element_words's terms).
+  PEAT_MINLINE static void Hashes(VU* h, VU ut, VU ug, VU valid) {
     VU wt = ut, wg = ug;
     if constexpr (Tr::kBits == 64) {
       wt = (ut & 0xFFFFFFFFu) ^ Hash32(ut >> 32, 0x27D4EB2Fu, 7u);
       wg = (ug & 0xFFFFFFFFu) ^ Hash32(ug >> 32, 0x27D4EB2Fu, 7u);
     }
-    hash[0] += Hash32(wt, 0x9E3779B1u, 0x7F4A7C15u) & (VU)valid;
-    hash[1] += wt & (VU)valid;
-    hash[2] += Hash32(wg, 0x9E3779B1u, 0x7F4A7C15u) & (VU)valid;
-    hash[3] += wg & (VU)valid;
+    h[0] += Mix32(wt) & valid;
+    h[1] += wt & valid;
+    h[2] += Mix32(wg) & valid;
+    h[3] += wg & valid;
   }
 
-  // Slope sums of y = log2|d| on x = log2|g| over log_ok lanes. The fast
-  // path (kGeneral false) has normal |g| and, where log_ok, normal |d|.
-  template <bool kGeneral>
+  // Slope sums of y = log2|d| on x = log2|g| over log_ok lanes (general
+  // path; the fast path's are in FastLogs).
   PEAT_MINLINE void Slope(VI log_ok, VF ag, VF ad) {
     const VF one = Splat<VF>(1);
-    VF x, y;
-    if constexpr (kGeneral) {
-      x = log_ok ? Log2(log_ok ? ag : one) : VF{};
-      y = log_ok ? Log2(log_ok ? ad : one) : VF{};
-    } else {
-      x = log_ok ? Log2Pos(ag) : VF{};
-      y = log_ok ? Log2Pos(log_ok ? ad : one) : VF{};
-    }
-    constexpr bool kDouble = kGeneral;
-    if constexpr (kDouble) {
-      AddD(kSX, x);
-      AddD(kSY, y);
-      AddD(kSXY, x * y);
-      AddD(kSXX, x * x);
-      AddD(kSYY, y * y);
-    } else {
-      sum[kSX] += x;
-      sum[kSY] += y;
-      sum[kSXY] += x * y;
-      sum[kSXX] += x * x;
-      sum[kSYY] += y * y;
-    }
+    const VF x = log_ok ? Log2(log_ok ? ag : one) : VF{};
+    const VF y = log_ok ? Log2(log_ok ? ad : one) : VF{};
+    AddD(kSX, x);
+    AddD(kSY, y);
+    AddD(kSXY, x * y);
+    AddD(kSXX, x * x);
+    AddD(kSYY, y * y);
   }
 
   // Noise-floor statistics against the reference hi + lo (out of line: the
@@ -682,14 +707,14 @@ struct UnitPass {
   // stay in registers (the unit's accumulators are in memory).
   struct FastAcc {
     VI beq, sign, pos, neg, magl, mags, logok;
-    VU h0, h1, h2, h3;
+    VU hash[4];
     VF err, mag, rel, lr, sx, sy, sxy, sxx, syy, row_sum;
     VF sq_rel, sq_g, sq_ad, mx_rel, mx_g, mx_ad, rmin, rmax;
   };
 
   PEAT_MINLINE void Zero(FastAcc& a) const {
     a.beq = a.sign = a.pos = a.neg = a.magl = a.mags = a.logok = VI{};
-    a.h0 = a.h1 = a.h2 = a.h3 = VU{};
+    a.hash[0] = a.hash[1] = a.hash[2] = a.hash[3] = VU{};
     a.err = a.mag = a.rel = a.lr = a.sx = a.sy = a.sxy = a.sxx = a.syy =
         a.row_sum = VF{};
     a.sq_rel = a.sq_g = a.sq_ad = a.mx_rel = a.mx_g = a.mx_ad = VF{};
@@ -702,28 +727,15 @@ struct UnitPass {
     return mask ? acc + 1 : acc;
   }
 
-  // The fast path's bit statistics of one vector (all lanes valid).
-  PEAT_MINLINE void FastBits(FastAcc& a, VU ut, VU ug) {
+  // The fast path's bit statistics of one vector (all lanes valid; integer
+  // arithmetic only, so it may run before the block is known to be fast:
+  // the words go to `words` and are counted only then).
+  PEAT_MINLINE void FastBits(FastAcc& a, VU ut, VU ug, VU* words) {
     a.beq = Inc(a.beq, (VI)(ut == ug));
     const VI sign_differs = (VI)((ut ^ ug) & C::kSign) != 0;
     a.sign = Inc(a.sign, sign_differs);
-    // ULP distance: |mt - mg| for equal signs, mt + mg for opposite signs
-    // (the ordered integers differ by that; no lane is zero here).
-    const VU mt = ut & C::kMag, mg = ug & C::kMag;
-    const VS diff = (VS)(mt - mg);
-    const VU dist = sign_differs ? mt + mg : (VU)(diff < 0 ? -diff : diff);
-    const VU words[3] = {ut & ~ug, ug & ~ut, Smear(dist)};
-    bits.Push(words);
-    VU wt = ut, wg = ug;
-    if constexpr (Tr::kBits == 64) {
-      wt = (ut & 0xFFFFFFFFu) ^ Hash32(ut >> 32, 0x27D4EB2Fu, 7u);
-      wg = (ug & 0xFFFFFFFFu) ^ Hash32(ug >> 32, 0x27D4EB2Fu, 7u);
-    }
-    // A mixed hash and the plain pattern (wrap-around sums, as _analyzer).
-    a.h0 += Hash32(wt, 0x9E3779B1u, 0x7F4A7C15u);
-    a.h1 += wt;
-    a.h2 += Hash32(wg, 0x9E3779B1u, 0x7F4A7C15u);
-    a.h3 += wg;
+    Words(ut, ug, sign_differs, ~VU{}, words);
+    Hashes(a.hash, ut, ug, ~VU{});
   }
 
   // The fast path's float statistics of one vector (all lanes valid), in
@@ -809,10 +821,7 @@ struct UnitPass {
     // Finite pairs and ratio_ok hold in every lane of a fast vector.
     flag[kFinitePair] += Splat<VI>(nvec);
     flag[kRatioOk] += Splat<VI>(nvec);
-    hash[0] += a.h0;
-    hash[1] += a.h1;
-    hash[2] += a.h2;
-    hash[3] += a.h3;
+    for (int k = 0; k < 4; ++k) hash[k] += a.hash[k];
     sum[kSErr] += a.err;
     sum[kSMag] += a.mag;
     sum[kSRel] += a.rel;
@@ -892,9 +901,16 @@ struct UnitPass {
       __builtin_prefetch(reinterpret_cast<const char*>(tp + v * W) + kAhead);
       __builtin_prefetch(reinterpret_cast<const char*>(gp + v * W) + kAhead);
     }
+    // The range check and the bit statistics in one pass; the block's
+    // fast-path results are kept only if every lane is in range.
+    FastAcc a;
+    Zero(a);
+    VU words[kBlock][3];
     VU bad = VU{};
     for (int v = 0; v < nvec; ++v) {
-      bad |= NotFast(Tr::Load(tp + v * W), Tr::Load(gp + v * W));
+      const VU ut = Tr::Load(tp + v * W), ug = Tr::Load(gp + v * W);
+      bad |= NotFast(ut, ug);
+      FastBits(a, ut, ug, words[v]);
     }
     if (AnyNonzero(bad)) {
       for (int v = 0; v < nvec; ++v) {
@@ -905,12 +921,8 @@ struct UnitPass {
       }
       return;
     }
-    FastAcc a;
-    Zero(a);
+    bits.PushBlock(words, nvec);
     VF q[kBlock];
-    for (int v = 0; v < nvec; ++v) {
-      FastBits(a, Tr::Load(tp + v * W), Tr::Load(gp + v * W));
-    }
     for (int v = 0; v < nvec; ++v) {
       FastLogs(a, Tr::Load(tp + v * W), Tr::Load(gp + v * W), &q[v]);
     }
@@ -986,7 +998,8 @@ struct UnitPass {
     Count(kNegErr, neg);
     Count(kMagLarger, fp & (at > ag));
     Count(kMagSmaller, fp & (at < ag));
-    Count(kSignFlip, fp & ~t0 & ~g0 & ((VI)((ut ^ ug) & C::kSign) != 0));
+    const VI sign_differs = (VI)((ut ^ ug) & C::kSign) != 0;
+    Count(kSignFlip, fp & ~t0 & ~g0 & sign_differs);
     VI ratio_ok = fp & gnorm & ~t0;
     Count(kRatioOk, ratio_ok);
     VI log_ok = fp & (d != 0) & ~g0;
@@ -1009,8 +1022,11 @@ struct UnitPass {
     rmax = Max(rmax, ratio_ok ? ratio : Splat<VF>(-INFINITY));
     AddD(kSLr, ratio_ok ? Log2(ratio_ok ? at : one) - Log2(ratio_ok ? ag : one)
                         : VF{});
-    Slope<true>(log_ok, ag, ad);
-    Bits(ut, ug, fp, valid);
+    Slope(log_ok, ag, ad);
+    VU words[3];
+    Words(ut, ug, sign_differs, (VU)fp, words);
+    bits.Push(words);
+    Hashes(hash, ut, ug, (VU)valid);
     // Zeroed elements (those of n_zeroed: t is +-0, g finite and not 0).
     const VI zeroed = fin_g & ~g0 & t0;
     zmax = Max(zmax, zeroed ? ag : VF{});
@@ -1148,7 +1164,6 @@ void RunUnit(const Job& job, int64_t u) {
     job.col_sum[stripe * pl.cols + c0 + j] = static_cast<double>(col_ad[j]);
   }
 }
-
 
 // The unit function of each record dtype at this instruction-set level.
 inline UnitFn UnitFnFor(int nbits, bool is_bf16) {
