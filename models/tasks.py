@@ -306,11 +306,42 @@ def prepare_task(name: str, workdir: str, *, seed: int = 0,
   Returns:
     The task.
   """
-  pretrain = scenario_config(name).get("pretrain")
+  return prepare_task_factory(name, workdir, seed=seed, init_from=init_from,
+                              progress=progress, **overrides).build()
+
+
+def prepare_task_factory(name: str, workdir: str, *, seed: int = 0,
+                         init_from: str | None = None,
+                         progress: Callable[[str], None] | None = None,
+                         **overrides: Any) -> peat.TaskFactory:
+  """Runs what :func:`prepare_task` runs first; returns a recipe of the task.
+
+  The pretraining (if any) runs here, once; the returned
+  :class:`peat_jax.TaskFactory` calls :func:`get_task` with the resolved
+  ``init_from``, so a worker process that rebuilds the task (campaign
+  isolation) never trains.
+
+  Args:
+    name: scenario name.
+    workdir: the run directory of ``name``.
+    seed: seed of both runs.
+    init_from: an existing pretraining run to start from instead.
+    progress: per-checkpoint progress callback of the pretraining run.
+    **overrides: config overrides of ``name`` (picklable values).
+
+  Returns:
+    ``TaskFactory("peat_jax.models", "get_task", {...})``.
+
+  Raises:
+    peat_jax.PeatError: unknown scenario or key.
+  """
+  pretrain = scenario_config(name, **overrides).get("pretrain")
   if pretrain and init_from is None:
     init_from = os.path.join(os.path.abspath(workdir), "pretrain")
     if progress:
       progress(f"pretraining {pretrain!r} for {name!r} in {init_from}")
     peat.golden_train(get_task(pretrain, seed=seed), init_from, seed=seed,
                       resume=True, progress=progress)
-  return get_task(name, seed=seed, init_from=init_from, **overrides)
+  return peat.TaskFactory("peat_jax.models", "get_task",
+                          dict(name=name, seed=seed, init_from=init_from,
+                               **overrides))

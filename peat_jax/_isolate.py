@@ -379,12 +379,25 @@ def _factory_tuple(factory: TaskFactory) -> tuple:
   return (factory.module, factory.function, dict(factory.kwargs or {}))
 
 
+def _register_builtin(kut_spec: str) -> None:
+  """In a worker: registers the built-in specs a fresh process lacks.
+
+  ``torch:*`` specs are registered by importing the PyTorch bridge (the
+  parent imported it). A KUT the user registered with ``register_kut`` in
+  the parent is unknown in a worker unless the task factory's module
+  registers it on import.
+  """
+  if kut_spec.startswith("torch:"):
+    importlib.import_module("peat_jax.bridges")
+
+
 # --------------------------------------------------------------- playback
 
 
 def play_steps(factory: tuple, ckpt: str, kut_spec: str, select: Any,
                steps: Sequence[int]) -> Iterator[tuple]:
   """Worker job: the records of each step, by a :class:`Player`."""
+  _register_builtin(kut_spec)
   task = TaskFactory(*factory).build()
   player = None
   for s in steps:
@@ -539,6 +552,7 @@ def run_frequencies(factory: tuple, golden_dir: str, kut_spec: str,
                     seeds: Sequence[int], select: Any,
                     tmp_dir: str) -> Iterator[tuple]:
   """Worker job: runtime FI one frequency at a time into ``tmp_dir``."""
+  _register_builtin(kut_spec)
   task = TaskFactory(*factory).build()
   path = os.path.join(tmp_dir, RUNTIME_FILE)
   for f in frequencies:
@@ -702,6 +716,7 @@ def _probe(kut_spec: str) -> Iterator[tuple]:
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax import lax  # pylint: disable=g-import-not-at-top
   from peat_jax.kernels import kut as _kut  # pylint: disable=g-import-not-at-top
+  _register_builtin(kut_spec)
   spec = _kut.parse_kut(kut_spec)
   fn = _kut.kut_callable(spec)
   k1, k2 = jax.random.split(jax.random.PRNGKey(0))

@@ -146,3 +146,38 @@ def test_truncated_record_file(tmp_path):
   with open(p, "ab") as f:
     f.write(b"\x82\xa1a")  # a record cut short
   assert C.read_records(p) == [{"a": 1}, {"a": 2}]
+
+
+def test_prepare_task_factory_rebuilds_the_same_task(tmp_path):
+  """The tool's recipe: get_task with the resolved init_from, picklable."""
+  import pickle  # pylint: disable=g-import-not-at-top
+  fac = models.prepare_task_factory("cnn", str(tmp_path), seed=3,
+                                    batch_size=16)
+  assert fac == peat.TaskFactory(
+      "peat_jax.models", "get_task",
+      dict(name="cnn", seed=3, init_from=None, batch_size=16))
+  assert pickle.loads(pickle.dumps(fac)) == fac
+  task = fac.build()
+  assert task.name == "cnn" and task.batch_at(0)["x"].shape[0] == 16
+  with pytest.raises(peat.PeatError, match="batch_sise"):
+    models.prepare_task_factory("cnn", str(tmp_path), batch_sise=16)
+
+
+def test_tool_isolates_native_kuts_by_default(tmp_path, capsys):
+  """The README main command: a native KUT runs in worker processes unless
+  --isolate=off; the records are the same either way."""
+  args = ["--kut=native:matmul:in_bf16", "--batch_size=32", "--steps=4",
+          "--checkpoint_every=4", "--frequencies=", "--select=*Linear*"]
+  records = {}
+  for mode in ("auto", "off"):
+    d = tmp_path / mode
+    with flagsaver.flagsaver():
+      validate_tool.FLAGS.unparse_flags()
+      validate_tool.FLAGS(["validate"] + args + [f"--campaign_dir={d}",
+                                                 f"--isolate={mode}"])
+      assert validate_tool.main(["validate"]) == 0
+    out = capsys.readouterr().out
+    assert ("(isolated: worker processes" in out) == (mode == "auto"), out
+    assert "verdict: warn" in out
+    records[mode] = (d / C.PLAYBACK_FILE).read_bytes()
+  assert records["auto"] == records["off"] and len(records["auto"]) > 1000

@@ -32,6 +32,7 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
 from peat_jax import _campaign
+from peat_jax import _isolate
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string(
@@ -60,6 +61,25 @@ _BATCH_SIZE = flags.DEFINE_integer(
 _OVERRIDES = flags.DEFINE_string(
     "overrides", None, "JSON dict of task config overrides.", flag_values=FLAGS)
 _SEED = flags.DEFINE_integer("seed", 0, "Golden seed.", flag_values=FLAGS)
+_ISOLATE = flags.DEFINE_enum(
+    "isolate", "auto", ["auto", "on", "off"],
+    "Run playback and runtime FI in worker processes with time and memory "
+    "limits, so that a KUT that crashes, hangs or exhausts memory becomes a "
+    "crash/hang finding instead of killing the campaign. auto: on for "
+    "native: KUTs (required for the deliberately broken ones).",
+    flag_values=FLAGS)
+_TIMEOUT_S = flags.DEFINE_float(
+    "timeout_s", _isolate.TIMEOUT_S,
+    "Isolation: seconds one checkpoint (or runtime frequency) may take "
+    "before the worker is killed and a hang is recorded.", flag_values=FLAGS)
+_STARTUP_S = flags.DEFINE_float(
+    "startup_s", _isolate.STARTUP_S,
+    "Isolation: extra seconds for each worker's first checkpoint (import, "
+    "tracing, compilation).", flag_values=FLAGS)
+_MEMORY_LIMIT_MB = flags.DEFINE_integer(
+    "memory_limit_mb", _isolate.MEMORY_LIMIT_MB,
+    "Isolation: resident memory (MiB) a worker may use; 0 for no limit.",
+    flag_values=FLAGS)
 
 
 def _safe(s: str) -> str:
@@ -78,14 +98,19 @@ def main(argv: list[str]) -> int:
   try:
     if _KUT.value.startswith("torch:"):
       import peat_jax.bridges  # pylint: disable=g-import-not-at-top,unused-import  # registers torch:* specs
-    task = models.prepare_task(_scenario(), os.path.join(directory, "task"),
-                               seed=_SEED.value, progress=print, **overrides)
+    # A recipe, not a task: isolated workers rebuild the task from it.
+    factory = models.prepare_task_factory(
+        _scenario(), os.path.join(directory, "task"), seed=_SEED.value,
+        progress=print, **overrides)
     paths = _campaign.validate(
-        task, _KUT.value, directory, steps=_STEPS.value,
+        factory, _KUT.value, directory, steps=_STEPS.value,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         frequencies=tuple(_FREQUENCIES.value),
         runtime_steps=_RUNTIME_STEPS.value, select=_SELECT.value,
-        seed=_SEED.value, scenario=_scenario(), progress=print)
+        seed=_SEED.value, scenario=_scenario(),
+        isolate={"auto": None, "on": True, "off": False}[_ISOLATE.value],
+        timeout_s=_TIMEOUT_S.value, startup_s=_STARTUP_S.value,
+        memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
