@@ -16,7 +16,8 @@ train step measured in the same run (median of ``--repeats`` warm calls):
   restore; and :func:`playback` end to end per checkpoint (warm mean, the
   first checkpoint's compilation excluded), restoring in this thread
   (``prefetch=0``) and in a background thread ahead of play
-  (``prefetch=1``);
+  (``prefetch=1``); ``--kut=golden`` measures the framework's own cost
+  (the KUT is the golden kernel);
 * runtime FI: one jitted step with the KUT substituted at every call, every
   4th step and a seeded 25% of calls vs the plain golden step, each at
   steps that cover the schedule (median of ``--repeats`` rounds of 4
@@ -40,6 +41,7 @@ import numpy as np
 
 import peat_jax as peat
 from peat_jax import _campaign
+from peat_jax import _golden
 from peat_jax import _playback
 from peat_jax import _runtime
 from peat_jax import _sites_subst
@@ -111,13 +113,19 @@ def main(argv):
     two = _median(lambda: jax.block_until_ready(
         player._steps(state, batch)), reps)  # pylint: disable=protected-access
     play = _median(lambda: player.play(g.steps[1], state), reps)
-    restore = _median(lambda: peat.restore_state(
+    reader = _golden.StateReader(g.checkpoint_dir, task)
+    restore = _median(lambda: reader.restore(g.steps[1]), reps)
+    reader.close()
+    restore_once = _median(lambda: peat.restore_state(
         g.checkpoint_dir, task, g.steps[1]), reps)
     row("playback per checkpoint without the restore (`Player.play`)",
         play, step_s)
     row("of which: tapped + substituted steps (one jitted call)", two,
         step_s)
-    row("checkpoint restore (Orbax, median)", restore, step_s)
+    row("checkpoint restore (Orbax, one `StateReader` for all, median)",
+        restore, step_s)
+    row("checkpoint restore alone (`peat.restore_state`, median)",
+        restore_once, step_s)
 
     # Playback end to end, both restore modes (a fresh Player each: the
     # first checkpoint compiles and is not counted).

@@ -1701,6 +1701,47 @@ def analyze(test, golden, reference=None) -> Signature:
     return _analyze_ref_jit(t, g, hi, lo)
 
 
+def split_on_device(reference: Array) -> tuple[Array, Array]:
+  """(hi, lo) float32 double-float of a float64 reference, traced.
+
+  The formulas of the host split in `analyze` (hi = float32(r), lo =
+  float32(r - hi), non-finite lo -> 0); trace it with x64 enabled.
+  """
+  hi = reference.astype(jnp.float32)
+  lo = (reference - hi.astype(reference.dtype)).astype(jnp.float32)
+  return hi, jnp.where(jnp.isfinite(lo), lo, jnp.float32(0))
+
+
+def analyze_split(test, golden, ref_hi: Array, ref_lo: Array) -> Signature:
+  """`analyze` with the reference given as its float32 (hi, lo) halves.
+
+  For references computed on the device (`split_on_device`): no float64
+  array comes to the host.
+
+  Args:
+    test: output of the kernel under test.
+    golden: output of the golden kernel, same shape and dtype.
+    ref_hi: float32 high half of the float64 reference, same shape.
+    ref_lo: float32 low half.
+
+  Returns:
+    The Signature, as `analyze(test, golden, hi + lo)`.
+
+  Raises:
+    PeatError: as `analyze`; halves of another shape or dtype.
+  """
+  shape, dtype = _check_pair(test, golden, batched=False)
+  for name, h in (("ref_hi", ref_hi), ("ref_lo", ref_lo)):
+    if tuple(np.shape(h)) != tuple(shape) or np.dtype(h.dtype) != np.float32:
+      raise PeatError(
+          f"{name} has shape {tuple(np.shape(h))} and dtype {h.dtype}; "
+          f"expected float32 of the test's shape {tuple(shape)}. Fix: split "
+          "the float64 reference with split_on_device.")
+  with _x64_scope(dtype):
+    return _analyze_ref_jit(_as_array(test, dtype), _as_array(golden, dtype),
+                            ref_hi, ref_lo)
+
+
 def analyze_batch(tests, goldens, references=None) -> Signature:
   """Signatures of many records of one shape/dtype in one compiled call.
 

@@ -94,34 +94,17 @@ def restore_on(directory: str, task: TrainTask, step: int,
   abstract = _golden.abstract_state(task)
   target = jax.tree.map(
       lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-      abstract._asdict())
+      abstract)
   own = manager is None
   manager = reader(directory) if own else manager
   try:
-    restored = manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-  except Exception as e:  # Orbax/tensorstore raise many types; re-raise one.
-    raise CheckpointError(
-        f"checkpoint step {step} in {directory} cannot be restored: "
-        f"{type(e).__name__}: {str(e)[:500]}; restore another step or "
-        "delete that folder") from e
+    state, meta = _checkpoint.restore(directory, target, step,
+                                      manager=manager)
   finally:
     if own:
       manager.close()
-  meta = dict(restored["meta"])
-  state = TrainState(**restored["state"])
   if meta.get("task") != task.name:
     raise CheckpointError(
         f"checkpoint {directory} step {step} belongs to task "
         f"{meta.get('task')!r}, not {task.name!r}; pass the matching task")
-  if meta.get("format_version") != _checkpoint.FORMAT_VERSION:
-    raise CheckpointError(
-        f"checkpoint step {step} in {directory} has format version "
-        f"{meta.get('format_version')!r}; this peat_jax reads version "
-        f"{_checkpoint.FORMAT_VERSION}")
-  if _checkpoint.fingerprint(state) != meta.get("fingerprint"):
-    raise CheckpointError(
-        f"checkpoint step {step} in {directory} is corrupt: its arrays do "
-        "not match the SHA-256 fingerprint saved with it; restore another "
-        "step or delete that folder")
   return state

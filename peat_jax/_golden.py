@@ -166,14 +166,64 @@ def restore_state(checkpoint_dir: str | os.PathLike, task: TrainTask,
 
   Raises:
     CheckpointError: see :func:`peat_jax._checkpoint.restore`.
+    PeatError: the checkpoint belongs to another task.
   """
-  checkpoint_dir = _checkpoint_dir_of(checkpoint_dir)
-  state, meta = _checkpoint.restore(checkpoint_dir, abstract_state(task), step)
-  if meta.get("task") != task.name:
-    raise PeatError(
-        f"checkpoint {checkpoint_dir} step {int(state.step)} belongs to task "
-        f"{meta.get('task')!r}, not {task.name!r}; pass the matching task")
-  return state
+  with StateReader(checkpoint_dir, task) as r:
+    return r.restore(step)
+
+
+class StateReader:
+  """Restores many steps of one golden run: one Orbax manager, one target.
+
+  :func:`restore_state` opens a manager, traces the task's state shapes
+  and lets Orbax read the saved sharding metadata on every call; a reader
+  does that work once (playback restores every checkpoint of a run). Use it
+  from one thread at a time.
+  """
+
+  def __init__(self, checkpoint_dir: str | os.PathLike, task: TrainTask):
+    """Opens the run's checkpoints.
+
+    Args:
+      checkpoint_dir: ``<workdir>/checkpoints`` of a golden run (or the
+        workdir).
+      task: the task whose state structure to restore into.
+
+    Raises:
+      CheckpointError: a missing directory.
+    """
+    self._dir = _checkpoint_dir_of(checkpoint_dir)
+    self._task = task
+    self._abstract = abstract_state(task)
+    self._target = _checkpoint.restore_target(self._abstract)
+    self._manager = _checkpoint.open_manager(self._dir, create=False)
+
+  def restore(self, step: int | None = None) -> TrainState:
+    """Restores one step (the latest complete one when None).
+
+    Raises:
+      CheckpointError: see :func:`peat_jax._checkpoint.restore`.
+      PeatError: the checkpoint belongs to another task.
+    """
+    state, meta = _checkpoint.restore(self._dir, self._abstract, step,
+                                      manager=self._manager,
+                                      target=self._target)
+    if meta.get("task") != self._task.name:
+      raise PeatError(
+          f"checkpoint {self._dir} step {int(state.step)} belongs to task "
+          f"{meta.get('task')!r}, not {self._task.name!r}; pass the matching "
+          "task")
+    return state
+
+  def close(self) -> None:
+    """Closes the manager."""
+    self._manager.close()
+
+  def __enter__(self) -> "StateReader":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
 
 
 def _checkpoint_dir_of(path: str | os.PathLike) -> str:

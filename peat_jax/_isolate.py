@@ -303,8 +303,10 @@ class Worker:
             raise PeatError(
                 f"the worker process failed during {self.what} {unit}: "
                 f"{err}\nworker traceback:\n{tb}")
-          if kind == "warm":
+          if kind == "warm":  # start-up over: the unit's own limit from now
             first = False
+            limit_s = self.limits.timeout_s
+            deadline = time.monotonic() + limit_s
           if kind == "start":
             if unit is not None:
               first = False
@@ -400,18 +402,18 @@ def play_steps(factory: tuple, ckpt: str, kut_spec: str, select: Any,
   _register_builtin(kut_spec)
   task = TaskFactory(*factory).build()
   player = None
-  for s in steps:
-    yield ("start", s)
-    state = _golden.restore_state(ckpt, task, s)
-    if player is None:
-      player = _playback.Player(task, kut_spec, state,
-                                task.batch_at(int(state.data_position)),
-                                select=select)
-      yield ("sites", list(player.site_names))
-      if callable(getattr(player, "compile", None)):
-        player.compile(state)  # compile without running the KUT
+  with _golden.StateReader(ckpt, task) as reader:
+    for s in steps:
+      yield ("start", s)
+      state = reader.restore(s)
+      if player is None:
+        player = _playback.Player(task, kut_spec, state,
+                                  task.batch_at(int(state.data_position)),
+                                  select=select)
+        yield ("sites", list(player.site_names))
+        player.compile(state)  # everything but the KUT's run: no hang yet
         yield ("warm",)
-    yield ("done", s, player.play(s, state))
+      yield ("done", s, player.play(s, state))
 
 
 def _step_line(s: int, recs: list[dict], seconds: float) -> str:

@@ -173,8 +173,36 @@ def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
     return None
 
 
-def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap):
+def _device_reference(site: _sites.Site, params: dict) -> Callable | None:
+  """A jitted float64 reference of a primitive site, split on the device.
+
+  ``f(*inputs) -> (hi, lo)`` (call it with x64 enabled): the inputs never
+  come to the host, and no float64 array does. None for composite sites
+  (their references run on host copies, ``_site_reference``).
+  """
+  fn = _kut.reference_traced(site.kernel, params)
+  if fn is None:
+    return None
+
+  def f(*xs):
+    return _analyzer.split_on_device(
+        fn(*[x.astype(jnp.float64) for x in xs]))
+  return jax.jit(f)
+
+
+def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
+               device_ref: Callable | None = None):
   """Dispatches one site's signature (not waited for) and its context."""
+  plain = (device_ref is not None and not isinstance(tp.golden, tuple)
+           and len(tp.inputs) == len(site.in_shapes) and all(
+               np.shape(x) == tuple(s)
+               for x, s in zip(tp.inputs, site.in_shapes)))
+  if plain:
+    with jax.enable_x64(True):
+      hi, lo = device_ref(*tp.inputs)
+    if np.shape(hi) == np.shape(tp.golden):
+      return (_analyzer.analyze_split(tp.kut, tp.golden, hi, lo),
+              _reduction(site, params))
   ref = _site_reference(site, params, tp.inputs)
   test, gold = tp.kut, tp.golden
   if isinstance(gold, tuple):
@@ -186,7 +214,9 @@ def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap):
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
-                 kut_spec: str, step: int) -> list[dict]:
+                 kut_spec: str, step: int,
+                 device_refs: Sequence[Callable | None] | None = None
+                 ) -> list[dict]:
   """(step, site) records of many sites of one step.
 
   Every signature is dispatched before any is read, then all come to the
@@ -198,12 +228,15 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
       golden and KUT outputs of one step).
     kut_spec: the KUT's spec, stored with the records.
     step: the step the taps come from.
+    device_refs: per site, a ``_device_reference`` (or None: the float64
+      reference is computed on host copies); same records either way.
 
   Returns:
     One msgpack-ready dict (``kind == "site"``) per site, in order.
   """
-  pending = [(site, *_signature(site, params, tp))
-             for site, params, tp in sites]
+  refs = device_refs or [None] * len(sites)
+  pending = [(site, *_signature(site, params, tp, ref))
+             for (site, params, tp), ref in zip(sites, refs)]
   host = jax.device_get([sig for _, sig, _ in pending])
   out = []
   for (site, _, red), sig in zip(pending, host):
@@ -314,6 +347,41 @@ class Player:
       return taps, gstate.params, gm, kstate.params, km
 
     self._steps = jax.jit(both)
+    self._compiled = None
+    self._device_refs = None  # per call; built once the store is filled
+
+  def _refs(self) -> list:
+    """The calls' device references (after the steps were traced)."""
+    if self._device_refs is None:
+      self._device_refs = [_device_reference(c.site, self._store[c.site.name])
+                           for c in self.calls]
+    return self._device_refs
+
+  def compile(self, state) -> None:
+    """Compiles everything :meth:`play` runs, without running the KUT.
+
+    The two steps are compiled ahead of time (not run); the float64
+    references and the signatures of every site run once on seeded random
+    arrays of the taps' shapes and dtypes, which compiles them. After this,
+    :meth:`play` of any state of this task runs compiled code only, so a
+    worker's time limit can tell a hanging KUT from a slow compilation.
+
+    Args:
+      state: a state of the task (shapes only matter).
+    """
+    batch = self.task.batch_at(int(state.data_position))
+    self._compiled = self._steps.lower(state, batch).compile()
+    taps = jax.eval_shape(self._steps, state, batch)[0]
+    rng = np.random.default_rng(0)
+
+    def fake(a):
+      if jnp.issubdtype(a.dtype, jnp.floating):
+        return rng.standard_normal(a.shape).astype(a.dtype)
+      return np.zeros(a.shape, a.dtype)
+    site_records([(c.site, self._store[c.site.name],
+                   jax.tree.map(fake, taps[c.site.name]))
+                  for c in self.calls], self.kut_spec, 0, self._refs())
+    update_rel_diff(state.params, state.params, state.params)
 
   def play(self, step: int, state) -> list[dict]:
     """Records of one checkpoint: site records, then one effect record.
@@ -326,10 +394,11 @@ class Player:
       ``[site records in execution order..., effect record]``.
     """
     batch = self.task.batch_at(int(state.data_position))
-    taps, gparams, gm, kparams, km = self._steps(state, batch)
+    steps = self._compiled or self._steps
+    taps, gparams, gm, kparams, km = steps(state, batch)
     recs = site_records([(c.site, self._store[c.site.name],
                           taps[c.site.name]) for c in self.calls],
-                        self.kut_spec, int(step))
+                        self.kut_spec, int(step), self._refs())
     gm, km = jax.device_get((gm, km))
     lg, lk = float(gm["loss"]), float(km["loss"])
     gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
@@ -428,6 +497,7 @@ class _Prefetcher:
   def __init__(self, ckpt: str, task: TrainTask, steps: Sequence[int],
                ahead: int):
     self._ckpt, self._task, self._ahead = ckpt, task, ahead
+    self._reader: _golden.StateReader | None = None  # opened on first use
     self._todo = collections.deque(steps)
     self._queue: collections.deque = collections.deque()
     self._pool = (concurrent.futures.ThreadPoolExecutor(
@@ -436,14 +506,18 @@ class _Prefetcher:
   def _fill(self, want: int) -> None:
     while self._todo and len(self._queue) < want:
       s = self._todo.popleft()
-      self._queue.append((s, self._pool.submit(
-          _golden.restore_state, self._ckpt, self._task, s)))
+      self._queue.append((s, self._pool.submit(self._restore, s)))
+
+  def _restore(self, step: int):
+    if self._reader is None:
+      self._reader = _golden.StateReader(self._ckpt, self._task)
+    return self._reader.restore(step)
 
   def next(self) -> tuple[int, Any]:
     """The next step and its restored state (waits for it if needed)."""
     if self._pool is None:
       s = self._todo.popleft()
-      return s, _golden.restore_state(self._ckpt, self._task, s)
+      return s, self._restore(s)
     self._fill(1)
     s, fut = self._queue.popleft()
     self._fill(self._ahead)
@@ -453,6 +527,8 @@ class _Prefetcher:
     """Cancels restores not started and waits for a running one."""
     if self._pool is not None:
       self._pool.shutdown(wait=True, cancel_futures=True)
+    if self._reader is not None:
+      self._reader.close()
 
 
 def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,

@@ -433,3 +433,21 @@ def test_every_field_is_documented():
   for name in A.Signature._fields:
     assert f"`{name}`" in doc, name
     assert name in A.Signature.__doc__, name
+
+
+def test_analyze_split_equals_analyze_with_reference():
+  """A reference split on the device gives the host split's signature."""
+  g = _golden(np.float32, seed=21)
+  t = (g * (1 + 1e-6 * np.random.default_rng(21).standard_normal(
+      g.shape))).astype(np.float32)
+  r = g.astype(np.float64) * (1 + 1e-9)
+  with jax.enable_x64(True):
+    hi, lo = jax.jit(A.split_on_device)(jnp.asarray(r))
+  want = A.analyze(t, g, r)
+  got = A.analyze_split(t, g, hi, lo)
+  for name in A.Signature._fields:
+    np.testing.assert_array_equal(np.asarray(getattr(got, name)),
+                                  np.asarray(getattr(want, name)),
+                                  err_msg=name)
+  with pytest.raises(PeatError, match="ref_lo has shape"):
+    A.analyze_split(t, g, hi, lo[:1])

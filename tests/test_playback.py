@@ -67,13 +67,21 @@ def test_update_rel_diff_matches_host_float64(seed):
 
 
 class _FakeRestore:
-  """Stands in for _golden.restore_state: records threads, can fail."""
+  """Stands in for _golden.StateReader: records threads, can fail."""
 
   def __init__(self, fail_at=None):
     self.calls, self.threads, self.fail_at = [], set(), fail_at
     self.lock = threading.Lock()
+    self.opened = self.closed = 0
 
-  def __call__(self, ckpt, task, step):
+  def __call__(self, ckpt, task):  # the reader's constructor
+    self.opened += 1
+    return self
+
+  def close(self):
+    self.closed += 1
+
+  def restore(self, step):
     with self.lock:
       self.calls.append(step)
       self.threads.add(threading.current_thread().name)
@@ -86,7 +94,7 @@ class _FakeRestore:
 @pytest.mark.parametrize("ahead", [0, 1, 3])
 def test_prefetcher_order_threads_and_errors(monkeypatch, ahead):
   fake = _FakeRestore(fail_at=5)
-  monkeypatch.setattr(P._golden, "restore_state", fake)
+  monkeypatch.setattr(P._golden, "StateReader", fake)
   loader = P._Prefetcher("/ckpt", None, [0, 2, 4, 5, 6], ahead)
   try:
     got = [loader.next() for _ in range(3)]
@@ -97,6 +105,7 @@ def test_prefetcher_order_threads_and_errors(monkeypatch, ahead):
       loader.next()
   finally:
     loader.close()
+  assert fake.opened == fake.closed == 1  # one reader for all restores
   if ahead == 0:
     assert fake.threads == {threading.current_thread().name}
   else:

@@ -383,18 +383,9 @@ def reference_fn(kernel: str, params: dict) -> Callable:
     ``f(*site_inputs) -> float64 host array`` (via ``peat.reference``).
   """
   from peat_jax import _reference
-  from jax import lax
-  if kernel == "dot_general":
-    dn = params["dimension_numbers"]
-    return lambda l, r: _reference.reference_dot_general(l, r, dn)
-  if kernel == "conv_general_dilated":
-    p = params
-    return lambda x, w: _reference.reference(
-        lambda a, b: lax.conv_general_dilated(
-            a, b, p["window_strides"], p["padding"], p["lhs_dilation"],
-            p["rhs_dilation"], p["dimension_numbers"],
-            p["feature_group_count"], p["batch_group_count"],
-            precision=lax.Precision.HIGHEST), x, w)
+  traced = reference_traced(kernel, params)
+  if traced is not None:
+    return lambda *xs: _reference.reference(traced, *xs)
   if kernel in _reference.REFERENCES:
     treedef, leaves, is_array = params["template"]
     ref = _reference.REFERENCES[kernel]
@@ -408,6 +399,35 @@ def reference_fn(kernel: str, params: dict) -> Callable:
   raise PeatError(f"no float64 reference for kernel {kernel!r}; expected one "
                   f"of dot_general, conv_general_dilated, "
                   f"{', '.join(_reference.REFERENCES)}")
+
+
+def reference_traced(kernel: str, params: dict) -> Callable | None:
+  """The golden kernel of a primitive site as a traceable JAX function.
+
+  Called on float64 arrays with x64 enabled it is the site's float64
+  reference (``reference_fn`` runs it that way on host copies; playback
+  jits it on the device).
+
+  Args:
+    kernel: the site's kernel.
+    params: the keyword parameters the KUT received.
+
+  Returns:
+    ``f(*site_inputs)`` at HIGHEST precision for ``dot_general`` and
+    ``conv_general_dilated``; None for other kernels.
+  """
+  from jax import lax
+  p = params
+  if kernel == "dot_general":
+    return lambda l, r: lax.dot_general(l, r, p["dimension_numbers"],
+                                        precision=lax.Precision.HIGHEST)
+  if kernel == "conv_general_dilated":
+    return lambda x, w: lax.conv_general_dilated(
+        x, w, p["window_strides"], p["padding"], p["lhs_dilation"],
+        p["rhs_dilation"], p["dimension_numbers"],
+        p["feature_group_count"], p["batch_group_count"],
+        precision=lax.Precision.HIGHEST)
+  return None
 
 
 def recording(kut: Any, site: str, kernel: str, composite: bool,
