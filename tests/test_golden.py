@@ -160,6 +160,28 @@ def test_flipped_byte_is_caught_by_fingerprint(golden, tmp_path):
     peat.restore_state(ckpt, _task())
 
 
+@pytest.mark.parametrize("step", [0, 8])
+def test_direct_read_equals_orbax_restore(golden, step, monkeypatch):
+  """The tensorstore reader returns Orbax's arrays bitwise, on the
+  target's device, and is the path taken for this layout."""
+  from peat_jax import _checkpoint  # pylint: disable=g-import-not-at-top
+  from peat_jax import _golden  # pylint: disable=g-import-not-at-top
+  calls = []
+  real = _checkpoint._read_direct
+  monkeypatch.setattr(_checkpoint, "_read_direct",
+                      lambda *a: calls.append(a[0]) or real(*a))
+  direct = peat.restore_state(golden.workdir, _task(), step)
+  assert calls == [os.path.join(golden.checkpoint_dir, str(step))]
+  monkeypatch.setattr(_checkpoint, "_direct_readable", lambda d: False)
+  via_orbax = peat.restore_state(golden.workdir, _task(), step)
+  _assert_trees_equal(direct, via_orbax)
+  dev = jax.local_devices()[0]
+  assert all(x.devices() == {dev} for x in jax.tree.leaves(direct))
+  assert len(calls) == 1
+  with _golden.StateReader(golden.workdir, _task()) as r:
+    _assert_trees_equal(r.restore(step), direct)
+
+
 _WORKER = textwrap.dedent("""
     import sys
     import peat_jax as peat
