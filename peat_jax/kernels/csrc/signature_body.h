@@ -863,11 +863,13 @@ struct UnitPass {
     }
     ++sample_counts[1];
     constexpr int kBiasI = static_cast<int>(C::kBias);
+    const uint32_t rt = RepresentableMask(ut & C::kMag, Tr::kMant, kBiasI,
+                                          C::kInf);
+    const uint32_t rg = RepresentableMask(ug & C::kMag, Tr::kMant, kBiasI,
+                                          C::kInf);
     for (int f = 0; f < kNarrow; ++f) {
-      sample_counts[2 + f] += Representable(ut & C::kMag, Tr::kMant, kBiasI,
-                                            C::kInf, kNarrowFormats[f]);
-      sample_counts[2 + kNarrow + f] += Representable(
-          ug & C::kMag, Tr::kMant, kBiasI, C::kInf, kNarrowFormats[f]);
+      sample_counts[2 + f] += (rt >> f) & 1;
+      sample_counts[2 + kNarrow + f] += (rg >> f) & 1;
     }
   }
 
