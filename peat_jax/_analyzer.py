@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -1617,6 +1617,9 @@ _analyze_jit = jax.jit(
     lambda t, g: _finalize(_accumulate_auto(t, g, None, None)))
 _analyze_ref_jit = jax.jit(
     lambda t, g, hi, lo: _finalize(_accumulate_auto(t, g, hi, lo)))
+_analyze_many_jit = jax.jit(lambda ts, gs, his, los: [
+    _finalize(_accumulate_auto(t, g, hi, lo))
+    for t, g, hi, lo in zip(ts, gs, his, los)])
 # The streaming form: the pass and the finalization separately.
 _accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
 _accumulate_ref_jit = jax.jit(_accumulate_auto)
@@ -1730,16 +1733,47 @@ def analyze_split(test, golden, ref_hi: Array, ref_lo: Array) -> Signature:
   Raises:
     PeatError: as `analyze`; halves of another shape or dtype.
   """
-  shape, dtype = _check_pair(test, golden, batched=False)
-  for name, h in (("ref_hi", ref_hi), ("ref_lo", ref_lo)):
-    if tuple(np.shape(h)) != tuple(shape) or np.dtype(h.dtype) != np.float32:
-      raise PeatError(
-          f"{name} has shape {tuple(np.shape(h))} and dtype {h.dtype}; "
-          f"expected float32 of the test's shape {tuple(shape)}. Fix: split "
-          "the float64 reference with split_on_device.")
-  with _x64_scope(dtype):
-    return _analyze_ref_jit(_as_array(test, dtype), _as_array(golden, dtype),
-                            ref_hi, ref_lo)
+  return analyze_split_many([test], [golden], [ref_hi], [ref_lo])[0]
+
+
+def analyze_split_many(tests: Sequence, goldens: Sequence,
+                       ref_his: Sequence[Array], ref_los: Sequence[Array]
+                       ) -> list[Signature]:
+  """`analyze_split` of many records (any shapes) in one executable.
+
+  One dispatch for all of them, and XLA may run their passes concurrently
+  (the playback of one checkpoint analyzes all its sites this way).
+
+  Args:
+    tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+
+  Returns:
+    The Signatures, in order.
+
+  Raises:
+    PeatError: as `analyze_split`, naming the record's index.
+  """
+  if not len(tests) == len(goldens) == len(ref_his) == len(ref_los):
+    raise PeatError("tests, goldens, ref_his and ref_los have lengths "
+                    f"{len(tests)}, {len(goldens)}, {len(ref_his)}, "
+                    f"{len(ref_los)}; expected one of each per record")
+  ts, gs, wide = [], [], False
+  for i, (t, g, hi, lo) in enumerate(zip(tests, goldens, ref_his, ref_los)):
+    shape, dtype = _check_pair(t, g, batched=False)
+    for name, h in (("ref_hi", hi), ("ref_lo", lo)):
+      if (tuple(np.shape(h)) != tuple(shape)
+          or np.dtype(h.dtype) != np.float32):
+        raise PeatError(
+            f"record {i}: {name} has shape {tuple(np.shape(h))} and dtype "
+            f"{h.dtype}; expected float32 of the test's shape "
+            f"{tuple(shape)}. Fix: split the float64 reference with "
+            "split_on_device.")
+    wide |= np.dtype(dtype) == np.float64
+    with _x64_scope(dtype):
+      ts.append(_as_array(t, dtype))
+      gs.append(_as_array(g, dtype))
+  with _x64_scope(np.float64 if wide else np.float32):
+    return list(_analyze_many_jit(ts, gs, list(ref_his), list(ref_los)))
 
 
 def analyze_batch(tests, goldens, references=None) -> Signature:

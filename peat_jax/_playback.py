@@ -173,36 +173,56 @@ def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
     return None
 
 
-def _device_reference(site: _sites.Site, params: dict) -> Callable | None:
-  """A jitted float64 reference of a primitive site, split on the device.
+class DeviceReferences:
+  """float64 references of a Player's primitive sites, on the device.
 
-  ``f(*inputs) -> (hi, lo)`` (call it with x64 enabled): the inputs never
-  come to the host, and no float64 array does. None for composite sites
-  (their references run on host copies, ``_site_reference``).
+  One jitted call (traced with x64) computes the references of the sites
+  asked for and splits each into float32 (hi, lo) halves: neither the site
+  inputs nor any float64 array come to the host. Composite sites (no
+  traceable golden kernel) keep the host path (``_site_reference``).
   """
-  fn = _kut.reference_traced(site.kernel, params)
-  if fn is None:
-    return None
 
-  def f(*xs):
-    return _analyzer.split_on_device(
-        fn(*[x.astype(jnp.float64) for x in xs]))
-  return jax.jit(f)
+  def __init__(self, sites: Sequence[tuple[_sites.Site, dict]]):
+    """Args: sites: ``(site, params)`` per site, as in ``site_records``."""
+    self.fns = [_kut.reference_traced(site.kernel, params)
+                for site, params in sites]
 
+    def refs(which, inputs):
+      return [_analyzer.split_on_device(
+          self.fns[i](*[x.astype(jnp.float64) for x in xs]))
+              for i, xs in zip(which, inputs)]
+    self._jit = jax.jit(refs, static_argnums=0)
 
-def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
-               device_ref: Callable | None = None):
-  """Dispatches one site's signature (not waited for) and its context."""
-  plain = (device_ref is not None and not isinstance(tp.golden, tuple)
-           and len(tp.inputs) == len(site.in_shapes) and all(
-               np.shape(x) == tuple(s)
-               for x, s in zip(tp.inputs, site.in_shapes)))
-  if plain:
+  def usable(self, i: int, site: _sites.Site, tp: _sites_subst.Tap) -> bool:
+    """Site ``i``'s tap is one plain call (not scan-stacked, one output)."""
+    return (self.fns[i] is not None and not isinstance(tp.golden, tuple)
+            and len(tp.inputs) == len(site.in_shapes) and all(
+                np.shape(x) == tuple(s)
+                for x, s in zip(tp.inputs, site.in_shapes)))
+
+  def __call__(self, which: tuple[int, ...], inputs: list) -> list:
+    """``[(hi, lo)]`` of the sites ``which`` from their input tuples."""
     with jax.enable_x64(True):
-      hi, lo = device_ref(*tp.inputs)
-    if np.shape(hi) == np.shape(tp.golden):
-      return (_analyzer.analyze_split(tp.kut, tp.golden, hi, lo),
-              _reduction(site, params))
+      return self._jit(which, inputs)
+
+
+def _device_signatures(sites, refs: DeviceReferences) -> dict[int, Any]:
+  """Signatures of the sites ``refs`` can serve: two dispatches in all."""
+  which = tuple(i for i, (site, _, tp) in enumerate(sites)
+                if refs.usable(i, site, tp))
+  if not which:
+    return {}
+  hilo = refs(which, [tuple(sites[i][2].inputs) for i in which])
+  ok = [(i, hl) for i, hl in zip(which, hilo)
+        if np.shape(hl[0]) == np.shape(sites[i][2].golden)]
+  sigs = _analyzer.analyze_split_many(
+      [sites[i][2].kut for i, _ in ok], [sites[i][2].golden for i, _ in ok],
+      [hl[0] for _, hl in ok], [hl[1] for _, hl in ok])
+  return {i: sig for (i, _), sig in zip(ok, sigs)}
+
+
+def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap):
+  """Dispatches one site's signature (not waited for) and its context."""
   ref = _site_reference(site, params, tp.inputs)
   test, gold = tp.kut, tp.golden
   if isinstance(gold, tuple):
@@ -215,7 +235,7 @@ def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
                  kut_spec: str, step: int,
-                 device_refs: Sequence[Callable | None] | None = None
+                 device_refs: DeviceReferences | None = None
                  ) -> list[dict]:
   """(step, site) records of many sites of one step.
 
@@ -228,15 +248,16 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
       golden and KUT outputs of one step).
     kut_spec: the KUT's spec, stored with the records.
     step: the step the taps come from.
-    device_refs: per site, a ``_device_reference`` (or None: the float64
+    device_refs: the sites' :class:`DeviceReferences` (None: every float64
       reference is computed on host copies); same records either way.
 
   Returns:
     One msgpack-ready dict (``kind == "site"``) per site, in order.
   """
-  refs = device_refs or [None] * len(sites)
-  pending = [(site, *_signature(site, params, tp, ref))
-             for (site, params, tp), ref in zip(sites, refs)]
+  done = _device_signatures(sites, device_refs) if device_refs else {}
+  pending = [(site, done[i], _reduction(site, params)) if i in done
+             else (site, *_signature(site, params, tp))
+             for i, (site, params, tp) in enumerate(sites)]
   host = jax.device_get([sig for _, sig, _ in pending])
   out = []
   for (site, _, red), sig in zip(pending, host):
@@ -350,11 +371,11 @@ class Player:
     self._compiled = None
     self._device_refs = None  # per call; built once the store is filled
 
-  def _refs(self) -> list:
+  def _refs(self) -> "DeviceReferences":
     """The calls' device references (after the steps were traced)."""
     if self._device_refs is None:
-      self._device_refs = [_device_reference(c.site, self._store[c.site.name])
-                           for c in self.calls]
+      self._device_refs = DeviceReferences(
+          [(c.site, self._store[c.site.name]) for c in self.calls])
     return self._device_refs
 
   def compile(self, state) -> None:
