@@ -1620,6 +1620,9 @@ _analyze_ref_jit = jax.jit(
 _analyze_many_jit = jax.jit(lambda ts, gs, his, los: [
     _finalize(_accumulate_auto(t, g, hi, lo))
     for t, g, hi, lo in zip(ts, gs, his, los)])
+_analyze_many_packed_jit = jax.jit(
+    lambda ts, gs, his, los: _pack(_analyze_many_jit(ts, gs, his, los)))
+_PACK_LAYOUTS: dict = {}  # record shapes/dtypes -> abstract Signatures
 # The streaming form: the pass and the finalization separately.
 _accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
 _accumulate_ref_jit = jax.jit(_accumulate_auto)
@@ -1737,8 +1740,8 @@ def analyze_split(test, golden, ref_hi: Array, ref_lo: Array) -> Signature:
 
 
 def analyze_split_many(tests: Sequence, goldens: Sequence,
-                       ref_his: Sequence[Array], ref_los: Sequence[Array]
-                       ) -> list[Signature]:
+                       ref_his: Sequence[Array], ref_los: Sequence[Array],
+                       *, to_host: bool = False) -> list[Signature]:
   """`analyze_split` of many records (any shapes) in one executable.
 
   One dispatch for all of them, and XLA may run their passes concurrently
@@ -1746,9 +1749,11 @@ def analyze_split_many(tests: Sequence, goldens: Sequence,
 
   Args:
     tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+    to_host: return NumPy Signatures, fetched as one array per dtype (a
+      few transfers instead of one per field of every record).
 
   Returns:
-    The Signatures, in order.
+    The Signatures, in order (device arrays, or NumPy with ``to_host``).
 
   Raises:
     PeatError: as `analyze_split`, naming the record's index.
@@ -1772,8 +1777,40 @@ def analyze_split_many(tests: Sequence, goldens: Sequence,
     with _x64_scope(dtype):
       ts.append(_as_array(t, dtype))
       gs.append(_as_array(g, dtype))
+  his, los = list(ref_his), list(ref_los)
   with _x64_scope(np.float64 if wide else np.float32):
-    return list(_analyze_many_jit(ts, gs, list(ref_his), list(ref_los)))
+    if not to_host:
+      return list(_analyze_many_jit(ts, gs, his, los))
+    key = tuple((tuple(t.shape), str(t.dtype)) for t in ts)
+    if key not in _PACK_LAYOUTS:
+      _PACK_LAYOUTS[key] = jax.eval_shape(_analyze_many_jit, ts, gs, his, los)
+    packed = jax.device_get(_analyze_many_packed_jit(ts, gs, his, los))
+  return _unpack(packed, _PACK_LAYOUTS[key])
+
+
+def _pack(sigs: list[Signature]) -> dict[str, Array]:
+  """All fields of many Signatures as one flat array per dtype (traced)."""
+  groups: dict[str, list[Array]] = {}
+  for sig in sigs:
+    for leaf in sig:
+      groups.setdefault(str(leaf.dtype), []).append(leaf.reshape(-1))
+  return {k: jnp.concatenate(v) for k, v in groups.items()}
+
+
+def _unpack(packed: dict[str, np.ndarray], layout: list[Signature]
+            ) -> list[Signature]:
+  """Inverse of `_pack` on the host, from the Signatures' abstract layout."""
+  offsets = {k: 0 for k in packed}
+  out = []
+  for sig in layout:
+    fields = []
+    for leaf in sig:
+      k, n = str(leaf.dtype), int(np.prod(leaf.shape, dtype=np.int64))
+      a = packed[k][offsets[k]:offsets[k] + n].reshape(leaf.shape)
+      offsets[k] += n
+      fields.append(a)
+    out.append(Signature(*fields))
+  return out
 
 
 def analyze_batch(tests, goldens, references=None) -> Signature:

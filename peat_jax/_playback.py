@@ -9,9 +9,13 @@ Checkpoints are independent: errors do not accumulate between them.
 Cost per checkpoint (benchmarks/bench_campaign.py): the two steps run as one
 jitted call that returns only what the records need (taps, metrics, new
 parameters); the parameter-update difference is reduced on the device in
-float64; signatures of all sites are dispatched before one transfer of the
-small results to the host; and :func:`playback` restores the next
-checkpoints in a background thread while the current one plays. The
+float64; the float64 references of all primitive sites run in one x64
+executable that splits them into float32 halves on the device, and all their
+signatures in one more (:class:`DeviceReferences`, ``analyze_split_many``);
+everything comes to the host in one transfer; checkpoints are read through a
+:class:`peat_jax._golden.StateReader` (tensorstore, no per-array Orbax
+work); and :func:`playback` restores the next checkpoints in a background
+thread while the current one plays. The
 records are those of the plain path (steps jitted apart, update difference
 on the host), bitwise (tests/test_playback.py).
 """
@@ -217,7 +221,7 @@ def _device_signatures(sites, refs: DeviceReferences) -> dict[int, Any]:
         if np.shape(hl[0]) == np.shape(sites[i][2].golden)]
   sigs = _analyzer.analyze_split_many(
       [sites[i][2].kut for i, _ in ok], [sites[i][2].golden for i, _ in ok],
-      [hl[0] for _, hl in ok], [hl[1] for _, hl in ok])
+      [hl[0] for _, hl in ok], [hl[1] for _, hl in ok], to_host=True)
   return {i: sig for (i, _), sig in zip(ok, sigs)}
 
 

@@ -451,3 +451,26 @@ def test_analyze_split_equals_analyze_with_reference():
                                   err_msg=name)
   with pytest.raises(PeatError, match="ref_lo has shape"):
     A.analyze_split(t, g, hi, lo[:1])
+
+
+def test_analyze_split_many_to_host_equals_device_fields():
+  """Packed transfer (one array per dtype) == each field fetched alone."""
+  rng = np.random.default_rng(22)
+  recs = [_golden(np.float32, shape=s, seed=i)
+          for i, s in enumerate([(8, 16), (3, 5, 7), (40,)])]
+  tests = [(g * (1 + 1e-6 * rng.standard_normal(g.shape))).astype(np.float32)
+           for g in recs]
+  with jax.enable_x64(True):
+    halves = [jax.jit(A.split_on_device)(jnp.asarray(g, jnp.float64))
+              for g in recs]
+  his, los = [h for h, _ in halves], [l for _, l in halves]
+  dev = A.analyze_split_many(tests, recs, his, los)
+  host = A.analyze_split_many(tests, recs, his, los, to_host=True)
+  for d, h in zip(dev, host):
+    for name in A.Signature._fields:
+      want = np.asarray(jax.device_get(getattr(d, name)))
+      got = getattr(h, name)
+      assert isinstance(got, np.ndarray) and got.dtype == want.dtype, name
+      np.testing.assert_array_equal(got, want, err_msg=name)
+  with pytest.raises(PeatError, match="record 1: ref_hi"):
+    A.analyze_split_many(tests, recs, [his[0], his[0], his[2]], los)
