@@ -322,11 +322,7 @@ def prepare_task_factory(name: str, workdir: str, *, seed: int = 0,
   isolation) never trains.
 
   Args:
-    name: scenario name.
-    workdir: the run directory of ``name``.
-    seed: seed of both runs.
-    init_from: an existing pretraining run to start from instead.
-    progress: per-checkpoint progress callback of the pretraining run.
+    name, workdir, seed, init_from, progress: as :func:`prepare_task`.
     **overrides: config overrides of ``name`` (picklable values).
 
   Returns:
