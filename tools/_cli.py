@@ -7,7 +7,10 @@ without clashing flag names; this module parses them and runs the tool's
 
 Also shared by the campaign tools: :class:`Eta` (progress lines with an
 ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
-(``--budget=64MiB``) and :func:`make_task` (a scenario's task from flags).
+(``--budget=64MiB``), :func:`make_task` (a scenario's task from flags),
+:func:`define_task_flags` (the flags that name a golden run's task) and
+:func:`campaign_dir_and_steps` (the campaign tools' required directory and
+step list).
 """
 
 import json
@@ -15,7 +18,7 @@ import os
 import re
 import sys
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from absl import flags
 from absl import logging
@@ -197,3 +200,74 @@ def make_task(scenario: str, workdir: str, *, overrides: str | None = None,
 
 
 _TASKS: dict = {}
+
+
+class TaskFlags(NamedTuple):
+  """The flags of :func:`define_task_flags` (absl flag holders)."""
+
+  scenario: flags.FlagHolder
+  batch_size: flags.FlagHolder
+  overrides: flags.FlagHolder
+  seed: flags.FlagHolder
+
+  def task(self, workdir: str, progress=print):
+    """:func:`make_task` from these flags' values.
+
+    Raises:
+      peat_jax.PeatError: as :func:`make_task`.
+    """
+    return make_task(self.scenario.value, workdir,
+                     overrides=self.overrides.value,
+                     batch_size=self.batch_size.value, seed=self.seed.value,
+                     progress=progress)
+
+
+def define_task_flags(flag_values: flags.FlagValues,
+                      what: str = "The golden run's") -> TaskFlags:
+  """Defines --scenario, --batch_size, --overrides, --seed in a tool's flags.
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+    what: how the help texts begin, e.g. ``"Model playback: the golden
+      run's"``.
+
+  Returns:
+    Their holders.
+  """
+  from peat_jax import models  # pylint: disable=g-import-not-at-top
+  return TaskFlags(
+      flags.DEFINE_string(
+          "scenario", models.DEFAULT_SCENARIO,
+          f"{what} scenario, one of {models.scenario_names()}.",
+          flag_values=flag_values),
+      flags.DEFINE_integer("batch_size", None, f"{what} batch size override.",
+                           flag_values=flag_values),
+      flags.DEFINE_string("overrides", None,
+                          f"{what} JSON config overrides.",
+                          flag_values=flag_values),
+      flags.DEFINE_integer("seed", 0, f"{what} seed.",
+                           flag_values=flag_values))
+
+
+class UsageError(ValueError):
+  """A flag value a tool cannot run with (printed as ``error: ...``)."""
+
+
+def campaign_dir_and_steps(campaign_dir: str | None, steps: list[str] | None
+                           ) -> tuple[str, list[int] | None]:
+  """The campaign tools' required --campaign_dir and optional --steps.
+
+  Returns:
+    ``(absolute directory, steps as ints or None)``.
+
+  Raises:
+    UsageError: no directory, or steps that are not integers.
+  """
+  if not campaign_dir:
+    raise UsageError("--campaign_dir is required (a campaign made by "
+                     "peat-profile or peat-validate)")
+  try:
+    ints = [int(s) for s in steps] if steps else None
+  except ValueError:
+    raise UsageError(f"--steps must be integers; got {steps}") from None
+  return os.path.abspath(campaign_dir), ints

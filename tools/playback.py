@@ -46,7 +46,6 @@ from peat_jax import _campaign_report
 from peat_jax import _capture_io
 from peat_jax import _oplevel
 from peat_jax.kernels import kut as _kut
-from peat_jax import models
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None,
@@ -68,24 +67,11 @@ _STEPS = flags.DEFINE_list(
 _PHASE = flags.DEFINE_list(
     "phase", ["fwd"], "--ops only: site phases to play back (fwd, bwd); "
     "empty for every captured phase.", flag_values=FLAGS)
-_SCENARIO = flags.DEFINE_string(
-    "scenario", models.DEFAULT_SCENARIO,
-    f"Model playback: the golden run's scenario, one of "
-    f"{models.scenario_names()}.", flag_values=FLAGS)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "Model playback: the golden run's batch size "
-    "override.", flag_values=FLAGS)
-_OVERRIDES = flags.DEFINE_string(
-    "overrides", None, "Model playback: the golden run's JSON config "
-    "overrides.", flag_values=FLAGS)
-_SEED = flags.DEFINE_integer("seed", 0, "Model playback: the golden seed.",
-                             flag_values=FLAGS)
+_TASK = _cli.define_task_flags(FLAGS, "Model playback: the golden run's")
 
 
 def _model(directory: str, steps) -> tuple[list, list, list]:
-  task = _cli.make_task(_SCENARIO.value, directory,
-                        overrides=_OVERRIDES.value,
-                        batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+  task = _TASK.task(directory)
   golden = os.path.join(directory, "golden")
   if steps is None:
     saved = peat.saved_steps(os.path.join(golden, "checkpoints"))
@@ -114,16 +100,11 @@ def _ops(directory: str, steps) -> tuple[list, list, list]:
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
-  if not _CAMPAIGN_DIR.value:
-    print("error: --campaign_dir is required (a campaign made by "
-          "peat-profile or peat-validate)", file=sys.stderr)
-    return 2
-  directory = os.path.abspath(_CAMPAIGN_DIR.value)
   try:
-    steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
-  except ValueError:
-    print(f"error: --steps must be integers; got {_STEPS.value}",
-          file=sys.stderr)
+    directory, steps = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value,
+                                                   _STEPS.value)
+  except _cli.UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
     return 2
   try:
     _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
@@ -131,7 +112,7 @@ def main(argv: list[str]) -> int:
       records, sites, effects = (_ops if _OPS.value else _model)(directory,
                                                                  steps)
     data = _campaign_report.report_data(
-        kut=_KUT.value, scenario=_SCENARIO.value if not _OPS.value
+        kut=_KUT.value, scenario=_TASK.scenario.value if not _OPS.value
         else "captured inputs", records=records, sites=sites,
         effects=effects)
   except peat.PeatError as e:

@@ -37,7 +37,6 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 import peat_jax as peat
 from peat_jax import _campaign
 from peat_jax.kernels import kut as _kut
-from peat_jax import models
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory holding golden/. Required.",
@@ -60,18 +59,7 @@ _SEEDS = flags.DEFINE_list(
 _SELECT = flags.DEFINE_string(
     "select", None, "fnmatch pattern narrowing the KUT's sites.",
     flag_values=FLAGS)
-_SCENARIO = flags.DEFINE_string(
-    "scenario", models.DEFAULT_SCENARIO,
-    f"The golden run's scenario, one of {models.scenario_names()}.",
-    flag_values=FLAGS)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "The golden run's batch size override.",
-    flag_values=FLAGS)
-_OVERRIDES = flags.DEFINE_string(
-    "overrides", None, "The golden run's JSON config overrides.",
-    flag_values=FLAGS)
-_SEED = flags.DEFINE_integer("seed", 0, "The golden seed.",
-                             flag_values=FLAGS)
+_TASK = _cli.define_task_flags(FLAGS)
 
 
 def summary(result: _campaign.RuntimeResult) -> str:
@@ -91,13 +79,12 @@ def summary(result: _campaign.RuntimeResult) -> str:
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
-  if not _CAMPAIGN_DIR.value:
-    print("error: --campaign_dir is required (a campaign made by "
-          "peat-profile or peat-validate)", file=sys.stderr)
-    return 2
-  directory = os.path.abspath(_CAMPAIGN_DIR.value)
   try:
+    directory, _ = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value, None)
     seeds = tuple(int(s) for s in _SEEDS.value)
+  except _cli.UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   except ValueError:
     print(f"error: --seeds must be integers; got {_SEEDS.value}",
           file=sys.stderr)
@@ -106,9 +93,7 @@ def main(argv: list[str]) -> int:
     _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
     for f in _FREQUENCIES.value:
       _campaign.parse_frequency(f)
-    task = _cli.make_task(_SCENARIO.value, directory,
-                          overrides=_OVERRIDES.value,
-                          batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+    task = _TASK.task(directory)
     with _campaign.campaign_lock(directory):
       result = _campaign.runtime(
           task, os.path.join(directory, "golden"), _KUT.value,

@@ -82,30 +82,18 @@ _RUNTIME_STEPS = flags.DEFINE_integer(
 _START_STEP = flags.DEFINE_integer(
     "start_step", 0, "Runtime: golden checkpoint to start from.",
     flag_values=FLAGS)
-_SCENARIO = flags.DEFINE_string(
-    "scenario", models.DEFAULT_SCENARIO,
-    f"The golden run's scenario, one of {models.scenario_names()}.",
-    flag_values=FLAGS)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "The golden run's batch size override.",
-    flag_values=FLAGS)
-_OVERRIDES = flags.DEFINE_string(
-    "overrides", None, "The golden run's JSON config overrides.",
-    flag_values=FLAGS)
-_SEED = flags.DEFINE_integer("seed", 0, "The golden seed.", flag_values=FLAGS)
+_TASK = _cli.define_task_flags(FLAGS)
 
 
 def _task(directory: str):
   if (_NUM_PROCESSES.value > 1
-      and models.scenario_config(_SCENARIO.value).get("pretrain")):
+      and models.scenario_config(_TASK.scenario.value).get("pretrain")):
     raise peat.PeatError(
-        f"scenario {_SCENARIO.value!r} finetunes a pretraining checkpoint, "
+        f"scenario {_TASK.scenario.value!r} finetunes a pretraining checkpoint, "
         "which every process would restore through Orbax's all-process "
         "manager; run its playback with --num_processes=1 (all devices of "
         "one host)")
-  return _cli.make_task(_SCENARIO.value, directory,
-                        overrides=_OVERRIDES.value,
-                        batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+  return _TASK.task(directory)
 
 
 def _playback(task, directory: str, steps) -> None:
@@ -159,16 +147,11 @@ def _work(task, directory: str, steps) -> None:
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
-  if not _CAMPAIGN_DIR.value:
-    print("error: --campaign_dir is required (a campaign made by "
-          "peat-profile or peat-validate)", file=sys.stderr)
-    return 2
-  directory = os.path.abspath(_CAMPAIGN_DIR.value)
   try:
-    steps = [int(s) for s in _STEPS.value] if _STEPS.value else None
-  except ValueError:
-    print(f"error: --steps must be integers; got {_STEPS.value}",
-          file=sys.stderr)
+    directory, steps = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value,
+                                                   _STEPS.value)
+  except _cli.UsageError as e:
+    print(f"error: {e}", file=sys.stderr)
     return 2
   many = _NUM_PROCESSES.value > 1
   try:
