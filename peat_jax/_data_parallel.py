@@ -11,7 +11,6 @@ XLA custom call has no SPMD partitioning rule) runs inside
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Callable, Sequence
 
 import jax
@@ -279,46 +278,19 @@ def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
     append_records(path, [rec])
     byname[name] = rec
 
-  train = _dp_step(task.step_fn, mesh)
-  train_ = _runtime._train  # pylint: disable=protected-access
-  if "golden" not in byname:
-    keep("golden", {"loss": train_(train, state0, batch_at, steps)})
-  golden = byname["golden"]["loss"]
-  if "spread" not in byname:
-    fresh = lambda seed: jax.device_put(task.init_state(seed), repl)
-    seed_losses = [train_(train, fresh(s), batch_at, steps) for s in seeds]
-    base = (golden if start_step == 0 else
-            train_(train, fresh(0), batch_at, steps))
-    sp = np.max([np.abs(np.asarray(l) - np.asarray(base))
-                 for l in seed_losses], axis=0).tolist()
-    keep("spread", {"loss": sp})
-  spread = byname["spread"]["loss"]
-  env = _runtime.envelope(spread)
-  step_ids = list(range(start_step, start_step + steps))
-  runs = []
-  sub = None
-  for f, sched, label in scheds:
-    if f not in byname:
-      if sub is None:
-        sub = data_parallel_substitution(
-            task, state0, batch_at(int(state0.data_position)), kut_spec,
-            mesh, select)
-      t0 = time.perf_counter()
-      step = _dp_step(_sites_subst.substitute(
-          task.step_fn, sub._replace(schedule=sched)), mesh)
-      loss = train_(step, state0, batch_at, steps)
-      at, why = _runtime.divergence(loss, golden, env)
-      keep(f, {"loss": loss, "label": label,
-               "diverged_at": None if at is None else step_ids[at],
-               "reason": why})
-      say(f"runtime {label} on {n} devices: {steps} steps, final loss "
-          f"{loss[-1]:.6g} (golden {golden[-1]:.6g}), "
-          + (f"diverged at step {step_ids[at]}: {why}" if at is not None
-             else "no divergence")
-          + f" ({time.perf_counter() - t0:.1f} s)")
-    r = byname[f]
-    runs.append({"frequency": r["label"], "steps": step_ids,
-                 "loss": r["loss"], "golden_loss": golden,
-                 "diverged_at": r["diverged_at"], "reason": r["reason"]})
-  return _runtime.RuntimeResult(runs, {"steps": step_ids,
-                                       "loss_spread": spread}, golden)
+  subs = []  # the KUT's data-parallel substitution, built on first use
+
+  def kut_step(sched):
+    if not subs:
+      subs.append(data_parallel_substitution(
+          task, state0, batch_at(int(state0.data_position)), kut_spec, mesh,
+          select))
+    return _dp_step(_sites_subst.substitute(
+        task.step_fn, subs[0]._replace(schedule=sched)), mesh)
+
+  return _runtime.run_frequencies(
+      scheds, byname=byname, keep=keep,
+      golden_step=_dp_step(task.step_fn, mesh),
+      fresh_state=lambda seed: jax.device_put(task.init_state(seed), repl),
+      state0=state0, batch_at=batch_at, steps=steps, start_step=start_step,
+      seeds=seeds, kut_step=kut_step, say=say, where=f" on {n} devices")

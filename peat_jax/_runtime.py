@@ -102,6 +102,74 @@ class RuntimeResult(NamedTuple):
   golden_loss: list
 
 
+def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
+                    byname: dict, keep: Callable[[str, dict], None],
+                    golden_step: Callable, fresh_state: Callable[[int], Any],
+                    state0, batch_at: Callable, steps: int, start_step: int,
+                    seeds: Sequence[int], kut_step: Callable[[Any], Callable],
+                    say: Callable[[str], None], where: str = ""
+                    ) -> RuntimeResult:
+  """The runtime FI loop shared by :func:`runtime` and data-parallel runs.
+
+  Trains the golden trajectory and the seed-to-seed spread (unless
+  recorded), then each frequency not yet recorded, and keeps each result
+  as soon as it exists.
+
+  Args:
+    scheds: ``(name, schedule, label)`` per frequency.
+    byname: the records already kept, by name (``keep`` adds to it).
+    keep: ``keep(name, fields)`` appends one record and adds it to byname.
+    golden_step: the golden train step.
+    fresh_state: ``fresh_state(seed)``: a freshly initialised state.
+    state0: the start state (the golden checkpoint ``start_step``).
+    batch_at: batch at a data position.
+    steps: steps per run.
+    start_step: the first step's number.
+    seeds: seeds of the spread.
+    kut_step: ``kut_step(schedule)``: the step with the KUT at that
+      schedule (built only for frequencies still to run).
+    say: progress lines.
+    where: appended to a frequency's label in its progress line.
+
+  Returns:
+    A :class:`RuntimeResult`.
+  """
+  if "golden" not in byname:
+    keep("golden", {"loss": _train(golden_step, state0, batch_at, steps)})
+  golden = byname["golden"]["loss"]
+  if "spread" not in byname:
+    seed_losses = [_train(golden_step, fresh_state(seed), batch_at, steps)
+                   for seed in seeds]
+    base = (golden if start_step == 0 else
+            _train(golden_step, fresh_state(0), batch_at, steps))
+    sp = np.max([np.abs(np.asarray(l) - np.asarray(base))
+                 for l in seed_losses], axis=0).tolist()
+    keep("spread", {"loss": sp})
+  spread = byname["spread"]["loss"]
+  env = envelope(spread)
+  step_ids = list(range(start_step, start_step + steps))
+  runs = []
+  for f, sched, label in scheds:
+    if f not in byname:
+      t0 = time.perf_counter()
+      loss = _train(kut_step(sched), state0, batch_at, steps)
+      at, why = divergence(loss, golden, env)
+      keep(f, {"loss": loss, "label": label,
+               "diverged_at": None if at is None else step_ids[at],
+               "reason": why})
+      say(f"runtime {label}{where}: {steps} steps, final loss "
+          f"{loss[-1]:.6g} (golden {golden[-1]:.6g}), "
+          + (f"diverged at step {step_ids[at]}: {why}" if at is not None
+             else "no divergence")
+          + f" ({time.perf_counter() - t0:.1f} s)")
+    r = byname[f]
+    runs.append({"frequency": r["label"], "steps": step_ids,
+                 "loss": r["loss"], "golden_loss": golden,
+                 "diverged_at": r["diverged_at"], "reason": r["reason"]})
+  return RuntimeResult(runs, {"steps": step_ids, "loss_spread": spread},
+                       golden)
+
+
 def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,
             frequencies: Sequence[str] = ("every", "every_4",
                                           "fraction_0.25"),
@@ -141,48 +209,20 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,
     append_records(path, [rec])
     byname[name] = rec
 
-  if "golden" not in byname:
-    keep("golden", {"loss": _train(task.train_step, state0, task.batch_at,
-                                   steps)})
-  golden = byname["golden"]["loss"]
-  if "spread" not in byname:
-    seed_losses = [
-        _train(task.train_step, task.init_state(seed), task.batch_at, steps)
-        for seed in seeds]
-    base = (golden if start_step == 0 else
-            _train(task.train_step, task.init_state(0), task.batch_at, steps))
-    sp = np.max([np.abs(np.asarray(l) - np.asarray(base))
-                 for l in seed_losses], axis=0).tolist()
-    keep("spread", {"loss": sp})
-  spread = byname["spread"]["loss"]
-  env = envelope(spread)
-  step_ids = list(range(start_step, start_step + steps))
-  runs = []
-  base_subs = None
-  for f, sched, label in scheds:
-    if f not in byname:
-      if base_subs is None:
-        batch = task.batch_at(int(state0.data_position))
-        chosen, _ = select_calls(task, state0, batch, kut_spec, select)
-        names = tuple(c.site.name for c in chosen)
-        base_subs = _sites_subst.Substitution(
-            chosen[0].sub.kut, sites=names, backward=chosen[0].sub.backward)
-      t0 = time.perf_counter()
-      step = jax.jit(_sites_subst.substitute(
-          task.step_fn, base_subs._replace(schedule=sched)))
-      loss = _train(step, state0, task.batch_at, steps)
-      at, why = divergence(loss, golden, env)
-      keep(f, {"loss": loss, "label": label,
-               "diverged_at": None if at is None else step_ids[at],
-               "reason": why})
-      say(f"runtime {label}: {steps} steps, final loss {loss[-1]:.6g} "
-          f"(golden {golden[-1]:.6g}), "
-          + (f"diverged at step {step_ids[at]}: {why}" if at is not None
-             else "no divergence")
-          + f" ({time.perf_counter() - t0:.1f} s)")
-    r = byname[f]
-    runs.append({"frequency": r["label"], "steps": step_ids,
-                 "loss": r["loss"], "golden_loss": golden,
-                 "diverged_at": r["diverged_at"], "reason": r["reason"]})
-  return RuntimeResult(runs, {"steps": step_ids, "loss_spread": spread},
-                       golden)
+  subs = []  # the KUT's substitution, built on first use
+
+  def kut_step(sched):
+    if not subs:
+      batch = task.batch_at(int(state0.data_position))
+      chosen, _ = select_calls(task, state0, batch, kut_spec, select)
+      subs.append(_sites_subst.Substitution(
+          chosen[0].sub.kut, sites=tuple(c.site.name for c in chosen),
+          backward=chosen[0].sub.backward))
+    return jax.jit(_sites_subst.substitute(
+        task.step_fn, subs[0]._replace(schedule=sched)))
+
+  return run_frequencies(
+      scheds, byname=byname, keep=keep, golden_step=task.train_step,
+      fresh_state=task.init_state, state0=state0, batch_at=task.batch_at,
+      steps=steps, start_step=start_step, seeds=seeds, kut_step=kut_step,
+      say=say)
