@@ -461,7 +461,28 @@ def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
       campaign_dir or os.path.dirname(golden_dir)))
   os.makedirs(campaign_dir, exist_ok=True)
   path = os.path.join(campaign_dir, PLAYBACK_FILE)
-  saved = saved_steps(ckpt)
+  return (ckpt, path,
+          *plan_steps(saved_steps(ckpt), ckpt, path, kut_spec, steps))
+
+
+def plan_steps(saved: Sequence[int], ckpt: str, path: str, kut_spec: str,
+               steps: Sequence[int] | None) -> tuple[list[int], list[int]]:
+  """The steps to play and those still to do; drops partial steps (resume).
+
+  Args:
+    saved: the golden run's saved steps.
+    ckpt: its checkpoint directory (named in errors).
+    path: the record file; partial steps of ``kut_spec`` (no effect
+      record) are removed from it.
+    kut_spec: the KUT spec whose records count.
+    steps: the steps wanted (default: all saved but the last).
+
+  Returns:
+    ``(steps, todo)``.
+
+  Raises:
+    PeatError: a wanted step is not saved.
+  """
   if steps is None:
     steps = saved[:-1] if len(saved) > 1 else saved
   steps = [int(s) for s in steps]
@@ -476,7 +497,7 @@ def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
   kept = [r for r in old if r.get("kut") != kut_spec or r.get("step") in done]
   if len(kept) != len(old):
     rewrite_records(path, kept)
-  return ckpt, path, steps, [s for s in steps if s not in done]
+  return steps, [s for s in steps if s not in done]
 
 
 def playback_result(path: str, steps: Sequence[int], kut_spec: str,

@@ -43,11 +43,11 @@ from peat_jax._checkpoint_local import saved_steps_local
 from peat_jax._errors import PeatError
 from peat_jax._playback import Player
 from peat_jax._playback import PlaybackResult
+from peat_jax._playback import plan_steps
 from peat_jax._playback import playback_result
 from peat_jax._records import PLAYBACK_FILE
 from peat_jax._records import append_records
 from peat_jax._records import read_records
-from peat_jax._records import rewrite_records
 from peat_jax._train_state import TrainTask
 
 #: Folder of a campaign directory holding per-process shard record files.
@@ -213,20 +213,7 @@ def plan_playback(ckpt: str, path: str, kut_spec: str,
   Raises:
     PeatError: a wanted step is not saved.
   """
-  saved = saved_steps_local(ckpt)
-  if steps is None:
-    steps = saved[:-1] if len(saved) > 1 else saved
-  steps = [int(s) for s in steps]
-  missing = [s for s in steps if s not in saved]
-  if missing:
-    raise PeatError(f"playback steps {missing} are not saved in {ckpt}; "
-                    f"saved steps: {saved}")
-  old = read_records(path)
-  done = {k[1] for k in _complete_groups(old) if k[0] == kut_spec}
-  kept = [r for r in old if r.get("kut") != kut_spec or r.get("step") in done]
-  if len(kept) != len(old):
-    rewrite_records(path, kept)
-  return steps, [s for s in steps if s not in done]
+  return plan_steps(saved_steps_local(ckpt), ckpt, path, kut_spec, steps)
 
 
 def process_share(todo: Sequence[int], process_index: int,
