@@ -1622,7 +1622,7 @@ _analyze_many_jit = jax.jit(lambda ts, gs, his, los: [
     for t, g, hi, lo in zip(ts, gs, his, los)])
 _analyze_many_packed_jit = jax.jit(
     lambda ts, gs, his, los: _pack(_analyze_many_jit(ts, gs, his, los)))
-_PACK_LAYOUTS: dict = {}  # record shapes/dtypes -> abstract Signatures
+_PACK_LAYOUTS: dict = {}  # record shapes/dtypes -> _unpack_plan
 # The streaming form: the pass and the finalization separately.
 _accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
 _accumulate_ref_jit = jax.jit(_accumulate_auto)
@@ -1783,7 +1783,8 @@ def analyze_split_many(tests: Sequence, goldens: Sequence,
       return list(_analyze_many_jit(ts, gs, his, los))
     key = tuple((tuple(t.shape), str(t.dtype)) for t in ts)
     if key not in _PACK_LAYOUTS:
-      _PACK_LAYOUTS[key] = jax.eval_shape(_analyze_many_jit, ts, gs, his, los)
+      _PACK_LAYOUTS[key] = _unpack_plan(
+          jax.eval_shape(_analyze_many_jit, ts, gs, his, los))
     packed = jax.device_get(_analyze_many_packed_jit(ts, gs, his, los))
   return _unpack(packed, _PACK_LAYOUTS[key])
 
@@ -1797,20 +1798,28 @@ def _pack(sigs: list[Signature]) -> dict[str, Array]:
   return {k: jnp.concatenate(v) for k, v in groups.items()}
 
 
-def _unpack(packed: dict[str, np.ndarray], layout: list[Signature]
-            ) -> list[Signature]:
-  """Inverse of `_pack` on the host, from the Signatures' abstract layout."""
-  offsets = {k: 0 for k in packed}
-  out = []
+def _unpack_plan(layout: list[Signature]) -> list[list[tuple]]:
+  """Where each field of each Signature lies in `_pack`'s arrays:
+  ``(dtype key, start, stop, shape)`` per field, per Signature."""
+  offsets: dict[str, int] = {}
+  plan = []
   for sig in layout:
     fields = []
     for leaf in sig:
-      k, n = str(leaf.dtype), int(np.prod(leaf.shape, dtype=np.int64))
-      a = packed[k][offsets[k]:offsets[k] + n].reshape(leaf.shape)
-      offsets[k] += n
-      fields.append(a)
-    out.append(Signature(*fields))
-  return out
+      k, n = str(leaf.dtype), int(math.prod(leaf.shape))
+      start = offsets.get(k, 0)
+      offsets[k] = start + n
+      fields.append((k, start, start + n, tuple(leaf.shape)))
+    plan.append(fields)
+  return plan
+
+
+def _unpack(packed: dict[str, np.ndarray], plan: list[list[tuple]]
+            ) -> list[Signature]:
+  """Inverse of `_pack` on the host, by an `_unpack_plan` (views, no
+  copies: a few hundred fields cost well under a millisecond)."""
+  return [Signature(*[packed[k][a:b].reshape(shape)
+                      for k, a, b, shape in fields]) for fields in plan]
 
 
 def analyze_batch(tests, goldens, references=None) -> Signature:

@@ -43,6 +43,7 @@ SUBNORMAL = {"float32": 1e-40, "bfloat16": 1e-40, "float16": 3e-6,
 RTOL_SUM = 1e-4
 RTOL_MAX = 2.0**-21
 F = A.SignatureState._fields
+UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 _MAXMIN = ("row_abs_max", "rel_max", "g_absmax", "ratio_min", "ratio_max",
            "ref_t_max", "ref_g_max", "zeroed_g_max")
@@ -228,6 +229,57 @@ def test_native_equals_pure_jax_shapes(name, shape, with_ref):
   _assert_states_match(nat, pure, t, g)
   with _x64(t.dtype):
     _assert_signatures_match(nat, pure)
+
+
+def _repr_groups(name):
+  """Records whose representability is worth counting one by one: every
+  bit pattern of a 16-bit dtype; else range edges, seeded random values,
+  and the same values rounded to each narrow format (exactly representable
+  there) and nudged one ulp up (mostly not)."""
+  dtype = DTYPES[name]
+  if np.dtype(dtype).itemsize == 2:
+    return [np.arange(1 << 16, dtype=np.uint16).view(dtype)]
+  rng = np.random.default_rng(23)
+  edges = [0.0, -0.0, 1e-40, 1e-45, 2.0**-24, 2.0**-25, 2.0**-9, 2.0**-10,
+           2.0**-133, 2.0**-149, 448.0, 464.0, 480.0, 57344.0, 61440.0,
+           65504.0, 65520.0, 1 + 2.0**-10, 1 + 2.0**-11, 3e38, np.inf,
+           -np.inf, np.nan, 1e-310, 1e300]
+  x = rng.standard_normal(4000) * np.exp2(rng.integers(-150, 40, 4000))
+  groups = [np.array(edges), x]
+  with np.errstate(over="ignore", invalid="ignore"):
+    for fmt in (ml_dtypes.bfloat16, np.float16, ml_dtypes.float8_e4m3fn,
+                ml_dtypes.float8_e5m2):
+      r = x.astype(fmt).astype(np.float64)
+      groups.append(r)
+      groups.append(np.nextafter(r.astype(dtype), dtype(np.inf)))
+    return [g.astype(dtype) for g in groups]
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_native_representability_counts_are_the_rule(name):
+  """The native pass's representability counts (vectorized) equal the
+  per-element rule (`_representable`, tested against exact round trips),
+  format by format, on every bit pattern of the 16-bit dtypes and on
+  crafted float32 / float64 values; all elements are sampled (n <= 65536)."""
+  nf = len(A.NARROW_FORMATS)
+  yes, total = np.zeros(nf, np.int64), 0
+  for x in _repr_groups(name):
+    t = x.reshape(1, -1)
+    g = t[:, ::-1].copy()
+    u = UINT[x.itemsize]
+    with _x64(x.dtype):
+      counts = np.asarray(jax.jit(lambda a, b: _ffi.signature_pass(
+          a, b, None, None)[-1])(jnp.asarray(t), jnp.asarray(g)))
+      rule = np.asarray(jax.jit(lambda v: A._representable(v, x.dtype))(
+          jnp.asarray(x.view(u))))
+    assert counts[1] == x.size  # every element sampled
+    want = rule.sum(axis=1)  # g holds the same values: equal counts
+    np.testing.assert_array_equal(counts[2:2 + nf], want)
+    np.testing.assert_array_equal(counts[2 + nf:2 + 2 * nf], want)
+    yes += want
+    total += x.size
+  # Both outcomes were reached for every format.
+  assert (yes > 0).all() and (yes < total).all(), (yes, total)
 
 
 def test_native_is_bitwise_deterministic_across_threads():

@@ -49,6 +49,100 @@ def test_matmul_matches_float64_reference(variant, dtype, shapes):
     assert ok.all(), float((~ok).mean())
 
 
+def _fma32(x, y, z):
+  """float32 fused multiply-add x * y + z, one rounding (exact emulation).
+
+  x * y is exact in float64; s = fl64(x * y + z) rounds to float32 like
+  the exact sum unless s is a float32 midpoint, where the sign of the
+  TwoSum error decides (ties to even only when the sum is exact).
+  """
+  p = x.astype(np.float64) * y.astype(np.float64)
+  c = z.astype(np.float64)
+  s = p + c
+  bb = s - p
+  err = (p - (s - bb)) + (c - bb)
+  r = s.astype(np.float32)
+  other = np.nextafter(r, np.where(s > r, np.inf, -np.inf).astype(np.float32))
+  mid = (r.astype(np.float64) + other.astype(np.float64)) / 2
+  tie = (s == mid) & (err != 0)
+  up = np.maximum(r, other)
+  down = np.minimum(r, other)
+  return np.where(tie, np.where(err > 0, up, down), r).astype(np.float32)
+
+
+def _k_ordered(a, b, fused):
+  """C = A B with each element's K products added in increasing k order
+  from +0 (what the blocked kernel promises), in float32."""
+  c = np.zeros(a.shape[:-1] + b.shape[-1:], np.float32)
+  for kk in range(a.shape[-1]):
+    x = a[..., :, kk:kk + 1]
+    y = b[..., kk:kk + 1, :]
+    if fused:
+      c = _fma32(np.broadcast_to(x, c.shape), np.broadcast_to(y, c.shape), c)
+    else:
+      c = c + x * y  # float32 arrays: one rounding per multiply and add
+  return c
+
+
+# Shapes around the blocked kernel's edges: k blocks of 128, row tiles of
+# 120, column panels of 32 / 64 and column tiles of 256.
+BLOCK_SHAPES = [(1, 1, 1), (7, 3, 5), (13, 300, 70), (130, 129, 300),
+                (2, 121, 260, 33)]
+
+
+@pytest.mark.parametrize("dims", BLOCK_SHAPES, ids=lambda d: "x".join(map(str, d)))
+@pytest.mark.parametrize("variant", ["default", "fma", "in_bf16"])
+def test_blocked_gemm_is_the_k_ordered_sum(variant, dims):
+  """The blocked, threaded kernel equals the plain k-ordered sum bitwise,
+  forward and both backward products, at every block edge."""
+  *lead, m, k, n = dims
+  rng = rng_for("mm-blocked", variant, dims)
+  a = randn(rng, tuple(lead) + (m, k), "float32")
+  b = randn(rng, tuple(lead) + (k, n), "float32")
+  dc = randn(rng, tuple(lead) + (m, n), "float32")
+  fused = variant == "fma"
+  an, bn = np.asarray(a), np.asarray(b)
+  if variant == "in_bf16":
+    an = np.asarray(a.astype(jnp.bfloat16).astype(jnp.float32))
+    bn = np.asarray(b.astype(jnp.bfloat16).astype(jnp.float32))
+  f = lambda a, b: native.matmul(a, b, variant=variant)
+  out, vjp = jax.vjp(f, a, b)
+  np.testing.assert_array_equal(np.asarray(out), _k_ordered(an, bn, fused))
+  da, db = vjp(dc)
+  dcn = np.asarray(dc)
+  if variant == "in_bf16":
+    dcn = np.asarray(dc.astype(jnp.bfloat16).astype(jnp.float32))
+  np.testing.assert_array_equal(
+      np.asarray(da), _k_ordered(dcn, np.swapaxes(bn, -1, -2), fused))
+  np.testing.assert_array_equal(
+      np.asarray(db), _k_ordered(np.swapaxes(an, -1, -2), dcn, fused))
+
+
+def test_fma_emulation_rounds_once():
+  """_fma32 on cases where two roundings differ from one."""
+  x = np.float32(1 + 2**-12)
+  y = np.float32(1 + 2**-12)
+  z = np.float32(-(1 + 2**-11))
+  # x * y = 1 + 2^-11 + 2^-24 exactly: fma keeps 2^-24, mul+add loses it.
+  assert _fma32(np.array([x]), np.array([y]), np.array([z]))[0] == np.float32(2**-24)
+  assert np.float32(x * y) + z == 0
+  # Sums that a first rounding to float64 puts exactly on a float32
+  # midpoint: the exact sum lies above (below) it.
+  cases = [
+      # 1 + (2^-24 + 2^-60): just above the midpoint of 1 and 1 + 2^-23.
+      (4097 * 2.0**-30, 16773121 * 2.0**-30, 1.0, 1 + 2**-23),
+      # (1 + 2^-23) + (2^-24 - 2^-60): just below the midpoint 1 + 3 * 2^-24
+      # that ties-to-even would send up to 1 + 2^-22.
+      ((2**18 - 1) * 2.0**-30, (2**18 + 1) * 2.0**-30, 1 + 2**-23, 1 + 2**-23),
+  ]
+  for x, y, z, want in cases:
+    x, y, z = np.float32(x), np.float32(y), np.float32(z)
+    # Rounding the float64 sum to float32 (two roundings) gets it wrong.
+    assert np.float32(float(x) * float(y) + float(z)) != np.float32(want)
+    got = _fma32(np.array([x]), np.array([y]), np.array([z]))[0]
+    assert got == np.float32(want)
+
+
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "default"])
 def test_matmul_variant_is_a_real_change(variant):
   """On float32, each variant differs from default where it should."""

@@ -17,6 +17,7 @@
 
 #include "peat_cpu.h"
 #include "peat_numerics.h"
+#include "peat_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace peat {
@@ -56,35 +57,40 @@ ffi::Error Geometry(const ffi::AnyBuffer& x, const ffi::AnyBuffer& w,
   return ffi::Error::Success();
 }
 
+// Whether Im2Col / Col2Im share their images among the pool's threads (one
+// image per unit; a unit writes its own image's rows only, so the result
+// does not depend on the threads).
+bool Parallel(const ConvGeom& g) { return g.P() * g.Kc() >= (int64_t{1} << 16); }
+
 // col[p, (i, j, ci)] = x[n, oy*sh + i - pt, ox*sw + j - pl, ci] or 0.
-void Im2Col(const ConvGeom& g, const void* x, Elem tx, int64_t off,
-            int32_t variant, float* col) {
+void Im2Col(ffi::ThreadPool* pool, const ConvGeom& g, const void* x, Elem tx,
+            int64_t off, int32_t variant, float* col) {
   const int64_t kc = g.Kc();
-  for (int64_t n = 0; n < g.n; ++n)
+  ParallelFor(pool, g.n, Parallel(g), [&](int64_t n) {
     for (int64_t oy = 0; oy < g.oh; ++oy)
       for (int64_t ox = 0; ox < g.ow; ++ox) {
         float* row = col + ((n * g.oh + oy) * g.ow + ox) * kc;
         for (int64_t i = 0; i < g.kh; ++i)
           for (int64_t j = 0; j < g.kw; ++j) {
             const int64_t iy = oy * g.sh + i - g.pt, ix = ox * g.sw + j - g.pl;
-            const bool in = iy >= 0 && iy < g.h && ix >= 0 && ix < g.w;
-            for (int64_t ci = 0; ci < g.c; ++ci) {
-              row[(i * g.kw + j) * g.c + ci] =
-                  in ? PrepareInput(
-                           LoadElem(x, off + ((n * g.h + iy) * g.w + ix) * g.c + ci, tx),
-                           variant)
-                     : 0.0f;
+            float* dst = row + (i * g.kw + j) * g.c;
+            if (iy < 0 || iy >= g.h || ix < 0 || ix >= g.w) {
+              std::fill(dst, dst + g.c, 0.0f);
+              continue;
             }
+            PackMatrix(x, tx, off + ((n * g.h + iy) * g.w + ix) * g.c, 1, g.c,
+                       0, 1, variant, dst);
           }
       }
+  });
 }
 
 // Adds dcol back into dx (accumulated in T): the transpose of Im2Col.
 template <typename T>
-void Col2Im(const ConvGeom& g, const T* dcol, T* dx) {
-  const int64_t kc = g.Kc();
-  std::fill(dx, dx + g.n * g.h * g.w * g.c, T(0));
-  for (int64_t n = 0; n < g.n; ++n)
+void Col2Im(ffi::ThreadPool* pool, const ConvGeom& g, const T* dcol, T* dx) {
+  const int64_t kc = g.Kc(), image = g.h * g.w * g.c;
+  ParallelFor(pool, g.n, Parallel(g), [&](int64_t n) {
+    std::fill(dx + n * image, dx + (n + 1) * image, T(0));
     for (int64_t oy = 0; oy < g.oh; ++oy)
       for (int64_t ox = 0; ox < g.ow; ++ox) {
         const T* row = dcol + ((n * g.oh + oy) * g.ow + ox) * kc;
@@ -97,6 +103,7 @@ void Col2Im(const ConvGeom& g, const T* dcol, T* dx) {
             }
           }
       }
+  });
 }
 
 ffi::Error CheckVariant(int32_t variant, int32_t tile) {
@@ -113,7 +120,7 @@ ffi::Error DtypeError() {
       "peat conv2d: supported dtypes are float32, bfloat16, float16");
 }
 
-ffi::Error ConvFwdImpl(ffi::AnyBuffer x, ffi::AnyBuffer w,
+ffi::Error ConvFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w,
                        ffi::Result<ffi::AnyBuffer> y, int32_t variant,
                        int32_t tile, int32_t stride_h, int32_t stride_w,
                        int32_t pad_top, int32_t pad_left) {
@@ -134,11 +141,11 @@ ffi::Error ConvFwdImpl(ffi::AnyBuffer x, ffi::AnyBuffer w,
   std::vector<float> c32(variant == kRtz ? 0 : p * g.o);
   std::vector<double> c64(variant == kRtz ? p * g.o : 0);
   for (int64_t gi = 0; gi < g.groups; ++gi) {
-    Im2Col(g, x.untyped_data(), tx, gi * g.n * g.h * g.w * g.c, variant,
-           col.data());
+    Im2Col(&pool, g, x.untyped_data(), tx, gi * g.n * g.h * g.w * g.c,
+           variant, col.data());
     PackMatrix(w.untyped_data(), tw, gi * kc * g.o, kc, g.o, g.o, 1, variant,
                pw.data());
-    Gemm(variant, tile, p, g.o, kc, col.data(), pw.data(), c32.data(),
+    Gemm(&pool, variant, tile, p, g.o, kc, col.data(), pw.data(), c32.data(),
          c64.data());
     StoreMatrix(variant, c32.data(), c64.data(), p * g.o, y->untyped_data(),
                 ty, gi * p * g.o);
@@ -146,7 +153,7 @@ ffi::Error ConvFwdImpl(ffi::AnyBuffer x, ffi::AnyBuffer w,
   return ffi::Error::Success();
 }
 
-ffi::Error ConvBwdImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer dy,
+ffi::Error ConvBwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer dy,
                        ffi::Result<ffi::AnyBuffer> dx,
                        ffi::Result<ffi::AnyBuffer> dw, int32_t variant,
                        int32_t tile, int32_t stride_h, int32_t stride_w,
@@ -172,26 +179,25 @@ ffi::Error ConvBwdImpl(ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::AnyBuffer dy,
   std::vector<double> dw64(rtz ? kc * g.o : 0), dcol64(rtz ? p * kc : 0),
       dx64(rtz ? nx : 0);
   for (int64_t gi = 0; gi < g.groups; ++gi) {
-    Im2Col(g, x.untyped_data(), tx, gi * nx, variant, col.data());
-    for (int64_t r = 0; r < p; ++r)
-      for (int64_t q = 0; q < kc; ++q) colt[q * p + r] = col[r * kc + q];
+    Im2Col(&pool, g, x.untyped_data(), tx, gi * nx, variant, col.data());
+    PackMatrix(col.data(), Elem::kF32, 0, kc, p, 1, kc, kDefault, colt.data());
     PackMatrix(dy.untyped_data(), tdy, gi * p * g.o, p, g.o, g.o, 1, variant,
                pdy.data());
     // w^T: (O x Kc) from the stored (Kc x O).
     PackMatrix(w.untyped_data(), tw, gi * kc * g.o, g.o, kc, 1, g.o, variant,
                pwt.data());
     // dW (Kc x O) = col^T (Kc x P) * dY (P x O).
-    Gemm(variant, tile, kc, g.o, p, colt.data(), pdy.data(), dw32.data(),
+    Gemm(&pool, variant, tile, kc, g.o, p, colt.data(), pdy.data(), dw32.data(),
          dw64.data());
     StoreMatrix(variant, dw32.data(), dw64.data(), kc * g.o, dw->untyped_data(),
                 tdw, gi * kc * g.o);
     // dcol (P x Kc) = dY (P x O) * W^T (O x Kc), then scattered into dX.
-    Gemm(variant, tile, p, kc, g.o, pdy.data(), pwt.data(), dcol32.data(),
+    Gemm(&pool, variant, tile, p, kc, g.o, pdy.data(), pwt.data(), dcol32.data(),
          dcol64.data());
     if (rtz) {
-      Col2Im(g, dcol64.data(), dx64.data());
+      Col2Im(&pool, g, dcol64.data(), dx64.data());
     } else {
-      Col2Im(g, dcol32.data(), dx32.data());
+      Col2Im(&pool, g, dcol32.data(), dx32.data());
     }
     StoreMatrix(variant, dx32.data(), dx64.data(), nx, dx->untyped_data(), tdx,
                 gi * nx);
@@ -207,6 +213,7 @@ PEAT_EXPORT_HANDLER(PeatConv2dBwd);
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PeatConv2dFwd, peat::ConvFwdImpl,
                               xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
@@ -219,6 +226,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PeatConv2dFwd, peat::ConvFwdImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(PeatConv2dBwd, peat::ConvBwdImpl,
                               xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::ThreadPool>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Arg<xla::ffi::AnyBuffer>()

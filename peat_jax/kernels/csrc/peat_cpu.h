@@ -5,6 +5,7 @@
 #define PEAT_JAX_KERNELS_CSRC_PEAT_CPU_H_
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -54,26 +55,68 @@ class ScopedIeeeSubnormals {
   unsigned saved_ = 0;
 };
 
+namespace cpu_internal {
+
+// Packs with the element type and the input rounding fixed at compile time
+// (the per-element switches of LoadElem / PrepareInput leave the loop).
+template <Elem kT, int32_t kPrep>
+void PackAs(const void* base, int64_t offset, int64_t rows, int64_t cols,
+            int64_t rs, int64_t cs, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t at = offset + r * rs;
+    float* dst = out + r * cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      dst[c] = PrepareInput(LoadElem(base, at + c * cs, kT), kPrep);
+    }
+  }
+}
+
+template <Elem kT>
+void PackRounded(const void* base, int64_t offset, int64_t rows, int64_t cols,
+                 int64_t rs, int64_t cs, int32_t variant, float* out) {
+  switch (variant) {
+    case kInTf32:
+      return PackAs<kT, kInTf32>(base, offset, rows, cols, rs, cs, out);
+    case kInBf16:
+      return PackAs<kT, kInBf16>(base, offset, rows, cols, rs, cs, out);
+    case kInFp16:
+      return PackAs<kT, kInFp16>(base, offset, rows, cols, rs, cs, out);
+    case kFtz:
+      return PackAs<kT, kFtz>(base, offset, rows, cols, rs, cs, out);
+    default:
+      return PackAs<kT, kDefault>(base, offset, rows, cols, rs, cs, out);
+  }
+}
+
+}  // namespace cpu_internal
+
 // Reads an (rows x cols) matrix into row-major float, applying the variant's
 // input rounding. Element (r, c) is at base[offset + r * rs + c * cs], so a
 // transposed operand is packed by swapping the strides.
 inline void PackMatrix(const void* base, Elem t, int64_t offset, int64_t rows,
                        int64_t cols, int64_t rs, int64_t cs, int32_t variant,
                        float* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) {
-      out[r * cols + c] =
-          PrepareInput(LoadElem(base, offset + r * rs + c * cs, t), variant);
-    }
+  switch (t) {
+    case Elem::kF32:
+      return cpu_internal::PackRounded<Elem::kF32>(base, offset, rows, cols,
+                                                   rs, cs, variant, out);
+    case Elem::kBf16:
+      return cpu_internal::PackRounded<Elem::kBf16>(base, offset, rows, cols,
+                                                    rs, cs, variant, out);
+    default:
+      return cpu_internal::PackRounded<Elem::kF16>(base, offset, rows, cols,
+                                                   rs, cs, variant, out);
   }
 }
 
 // C (M x N) = A (M x K) * B (K x N), all row-major float, with the variant's
 // accumulation. For kRtz the result goes to c64 (double accumulation), else
 // to c32. `tile` is the tile size of kTiled, kTileEdgeBug and
-// kThreadedNondet.
-void Gemm(int32_t variant, int64_t tile, int64_t m, int64_t n, int64_t k,
-          const float* a, const float* b, float* c32, double* c64);
+// kThreadedNondet. Work is shared with `pool`'s threads when given (results
+// do not depend on it, except for kThreadedNondet, which runs its own).
+void Gemm(ffi::ThreadPool* pool, int32_t variant, int64_t tile, int64_t m,
+          int64_t n, int64_t k, const float* a, const float* b, float* c32,
+          double* c64);
 
 // Writes M*N accumulated values into an output buffer at `offset` with the
 // variant's output rounding.
@@ -81,6 +124,10 @@ inline void StoreMatrix(int32_t variant, const float* c32, const double* c64,
                         int64_t count, void* out, Elem t, int64_t offset) {
   Rounding mode = variant == kRtz ? Rounding::kTowardZero : Rounding::kNearest;
   bool flush = variant == kFtz;
+  if (t == Elem::kF32 && variant != kRtz && !flush) {  // exact: a copy
+    std::memcpy(static_cast<float*>(out) + offset, c32, count * sizeof(float));
+    return;
+  }
   for (int64_t i = 0; i < count; ++i) {
     double v = variant == kRtz ? c64[i] : static_cast<double>(c32[i]);
     StoreElem(out, offset + i, t, v, mode, flush);

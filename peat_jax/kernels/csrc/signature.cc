@@ -39,18 +39,16 @@
 // sums may differ in the last bits).
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "peat_cpu.h"
+#include "peat_parallel.h"
 #include "signature.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -126,62 +124,12 @@ UnitFn PickUnitFn(int nbits, bool is_bf16) {
 
 // ------------------------------------------------------------- threads
 
-#if defined(__SSE__) || defined(__x86_64__)
-inline unsigned GetFpMode() { return _mm_getcsr(); }
-inline void SetFpMode(unsigned m) { _mm_setcsr(m); }
-#else
-inline unsigned GetFpMode() { return 0; }
-inline void SetFpMode(unsigned) {}
-#endif
-
-// Work shared with pool tasks; owned jointly so that a task that starts
-// after the call returned finds no unit left and touches nothing else.
-struct Shared {
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-  int64_t units = 0;
-  unsigned fp_mode = 0;
-  UnitFn fn = nullptr;
-  const Job* job = nullptr;
-};
-
-void Work(Shared& sh) {
-  for (;;) {
-    const int64_t u = sh.next.fetch_add(1, std::memory_order_relaxed);
-    if (u >= sh.units) return;
-    sh.fn(*sh.job, u);
-    sh.done.fetch_add(1, std::memory_order_release);
-  }
-}
-
 // Runs every unit: on the calling thread and, for large records, on tasks
-// of XLA's intra-op pool. Returns once all units are done.
+// of XLA's intra-op pool (peat_parallel.h). Returns once all units are done.
 void RunUnits(ffi::ThreadPool& pool, UnitFn fn, const Job& job) {
-  auto sh = std::make_shared<Shared>();
-  sh->units = job.plan.units();
-  sh->fp_mode = GetFpMode();
-  sh->fn = fn;
-  sh->job = &job;
   const int64_t n = job.plan.rows * job.plan.cols;
-  if (sh->units > 1 && n >= (int64_t{1} << 18)) {
-    // Workers: the calling thread plus pool tasks, at most one per core.
-    const int64_t cores =
-        std::max<int64_t>(1, std::thread::hardware_concurrency());
-    const int64_t extra = std::min<int64_t>(
-        {pool.num_threads(), cores - 1, sh->units - 1});
-    for (int64_t i = 0; i < extra; ++i) {
-      pool.Schedule([sh]() {
-        const unsigned saved = GetFpMode();
-        SetFpMode(sh->fp_mode);
-        Work(*sh);
-        SetFpMode(saved);
-      });
-    }
-  }
-  Work(*sh);
-  while (sh->done.load(std::memory_order_acquire) < sh->units) {
-    std::this_thread::yield();
-  }
+  ParallelFor(&pool, job.plan.units(), n >= (int64_t{1} << 16),
+              [fn, &job](int64_t u) { fn(job, u); });
 }
 
 // ------------------------------------------------------------- handler

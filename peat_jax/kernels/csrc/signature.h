@@ -66,43 +66,6 @@ constexpr NarrowFormat kNarrowFormats[kNarrow] = {
     {3, -6, 8, 14},      {2, -14, 15, 7},
 };
 
-// Exactly representable in format f, from the magnitude bits (sign
-// cleared) of a value of a float format with `mant` mantissa bits and
-// exponent bias `bias`: finite and +-0, or with the lowest set bit of its
-// significand at or above f's resolution there (its highest set bit minus
-// f.mant, never below f's smallest subnormal) and at most f's maximum.
-// Integer arithmetic only; the rule of _representable in _analyzer.py.
-// Bit f of the result is that test for kNarrowFormats[f]; the
-// significand's lowest and highest set bits are found once per value (the
-// sampled path calls this for every sampled element of t and g).
-inline uint32_t RepresentableMask(uint64_t mag, int mant, int bias,
-                                  uint64_t inf_bits) {
-  if (mag >= inf_bits) return 0;
-  if (mag == 0) return (1u << kNarrow) - 1;
-  const int expf = static_cast<int>(mag >> mant);
-  const uint64_t man = mag & ((uint64_t{1} << mant) - 1);
-  const uint64_t sig = expf ? man | (uint64_t{1} << mant) : man;
-  const int q = (expf ? expf : 1) - bias - mant;
-  const int low = q + __builtin_ctzll(sig);
-  const int high = q + 63 - __builtin_clzll(sig);
-  uint32_t out = 0;
-  for (int i = 0; i < kNarrow; ++i) {
-    const NarrowFormat& f = kNarrowFormats[i];
-    bool ok;
-    if (low < std::max(high - f.mant, f.emin - f.mant)) {
-      ok = false;
-    } else if (high != f.emax) {
-      ok = high < f.emax;
-    } else {
-      const int shift = (high - q) - f.mant;
-      const uint64_t top = shift >= 0 ? sig >> shift : sig << -shift;
-      ok = top <= f.max_top;
-    }
-    out |= static_cast<uint32_t>(ok) << i;
-  }
-  return out;
-}
-
 // One unit's results (combined in unit order by the caller).
 struct UnitOut {
   int64_t flags[kFlagSlots];

@@ -21,6 +21,7 @@ typedef uint64_t vu64 __attribute__((vector_size(64)));
 typedef int64_t vi64 __attribute__((vector_size(64)));
 typedef uint16_t vu16h __attribute__((vector_size(32)));
 typedef float vf32h __attribute__((vector_size(32)));
+typedef uint32_t vu32h __attribute__((vector_size(32)));
 
 // ---------------------------------------------------------------- dtypes
 
@@ -655,7 +656,6 @@ struct UnitPass {
       std::memcpy(&lo, lp, sizeof(lo));
       hb = (VU)hi;
     } else {
-      typedef uint32_t vu32h __attribute__((vector_size(32)));
       vf32h h8, l8;
       std::memcpy(&h8, hp, sizeof(h8));
       std::memcpy(&l8, lp, sizeof(l8));
@@ -842,51 +842,133 @@ struct UnitPass {
     if (since_flush >= kFlushEvery) FlushSums();
   }
 
-  // Percentile bucket of a value: its float32 bit pattern >> 21.
-  static int HistIndex(F v) {
-    const float f = static_cast<float>(v);
-    uint32_t b;
-    std::memcpy(&b, &f, sizeof(b));
-    return static_cast<int>(b >> 21);
+  // Percentile buckets of non-negative values: their float32 bit patterns
+  // >> 21 (float64 values are rounded to float32 first).
+  static PEAT_MINLINE void HistIndex(vf32 v, int32_t* out) {
+    const vu32 b = (vu32)v >> 21;
+    for (int i = 0; i < 16; ++i) out[i] = static_cast<int32_t>(b[i]);
+  }
+  static PEAT_MINLINE void HistIndex(vf64 v, int32_t* out) {
+    const vu32h b = (vu32h)__builtin_convertvector(v, vf32h) >> 21;
+    for (int i = 0; i < 8; ++i) out[i] = static_cast<int32_t>(b[i]);
   }
 
-  // One sampled element (formulas of _sampled_stats in _analyzer.py).
-  PEAT_NOINLINE void Sample(S tb, S gb) {
-    const U ut = tb, ug = gb;
-    const F tc = Tr::Value(VU{} + ut)[0], gc = Tr::Value(VU{} + ug)[0];
-    if ((ut & C::kMag) < C::kInf && (ug & C::kMag) < C::kInf) {
-      const F ad = std::min(std::fabs(tc - gc), big);
-      const F rel = std::min(ad / std::max(std::fabs(gc), tiny), big);
-      ++hist_abs[HistIndex(ad)];
-      ++hist_rel[HistIndex(rel)];
-      ++sample_counts[0];
+  // Sampled elements waiting for a full vector (AddSample / FlushSamples),
+  // and per-lane counts of the flushed ones representable in each narrow
+  // format (added into sample_counts by FinishSamples).
+  S sample_t[W], sample_g[W];
+  int n_samples = 0;
+  VU repr_t[kNarrow] = {}, repr_g[kNarrow] = {};
+
+  PEAT_MINLINE void AddSample(S tb, S gb) {
+    sample_t[n_samples] = tb;
+    sample_g[n_samples] = gb;
+    if (++n_samples == W) FlushSamples();
+  }
+
+  // The waiting sampled elements, one vector at a time (formulas of
+  // _sampled_stats in _analyzer.py); lanes past n_samples are ignored.
+  PEAT_NOINLINE void FlushSamples() {
+    const int k = n_samples;
+    if (k == 0) return;
+    for (int i = k; i < W; ++i) sample_t[i] = sample_g[i] = 0;
+    n_samples = 0;
+    const VU ut = Tr::Load(sample_t), ug = Tr::Load(sample_g);
+    const VF tc = Tr::Value(ut), gc = Tr::Value(ug);
+    const VI fin = ((ut & C::kMag) < C::kInf) & ((ug & C::kMag) < C::kInf);
+    const VF ad = Min(Abs(tc - gc), Splat<VF>(big));
+    const VF rel = Min(ad / Max(Abs(gc), Splat<VF>(tiny)), Splat<VF>(big));
+    int32_t ia[W], ir[W];
+    HistIndex(ad, ia);
+    HistIndex(rel, ir);
+    for (int i = 0; i < k; ++i) {
+      if (fin[i]) {
+        ++hist_abs[ia[i]];
+        ++hist_rel[ir[i]];
+        ++sample_counts[0];
+      }
     }
-    ++sample_counts[1];
-    constexpr int kBiasI = static_cast<int>(C::kBias);
-    const uint32_t rt = RepresentableMask(ut & C::kMag, Tr::kMant, kBiasI,
-                                          C::kInf);
-    const uint32_t rg = RepresentableMask(ug & C::kMag, Tr::kMant, kBiasI,
-                                          C::kInf);
+    sample_counts[1] += k;
+    VU valid = VU{};
+    for (int i = 0; i < k; ++i) valid[i] = ~U(0);
+    const VU rt = RepresentableMask(ut & C::kMag) & valid;
+    const VU rg = RepresentableMask(ug & C::kMag) & valid;
     for (int f = 0; f < kNarrow; ++f) {
-      sample_counts[2 + f] += (rt >> f) & 1;
-      sample_counts[2 + kNarrow + f] += (rg >> f) & 1;
+      repr_t[f] += (rt >> f) & 1;
+      repr_g[f] += (rg >> f) & 1;
     }
+  }
+
+  // Flushes the waiting samples and adds the representability counts into
+  // sample_counts (once, at the end of the unit).
+  void FinishSamples() {
+    FlushSamples();
+    for (int f = 0; f < kNarrow; ++f) {
+      for (int i = 0; i < W; ++i) {
+        sample_counts[2 + f] += static_cast<int64_t>(repr_t[f][i]);
+        sample_counts[2 + kNarrow + f] += static_cast<int64_t>(repr_g[f][i]);
+      }
+    }
+  }
+
+  // Index of the highest set bit of each lane (lanes >= 1 and below 2^24,
+  // resp. 2^53: exact in the lane's float type, whose exponent is read).
+  static PEAT_MINLINE vi32 HighBit(vu32 x) {
+    const vf32 f = __builtin_convertvector((vi32)x, vf32);
+    return (vi32)(((vu32)f >> 23) & 0xFFu) - 127;
+  }
+  static PEAT_MINLINE vi64 HighBit(vu64 x) {
+    const vf64 f = __builtin_convertvector((vi64)x, vf64);
+    return (vi64)(((vu64)f >> 52) & 0x7FFu) - 1023;
+  }
+
+  // Representability of every lane's value, from its magnitude bits (sign
+  // cleared): bit f is set when the value is exactly representable in
+  // kNarrowFormats[f] (signature.h): finite and +-0, or with the lowest set
+  // bit of its significand at or above f's resolution there (its highest
+  // set bit minus f.mant, never below f's smallest subnormal) and at most
+  // f's maximum. Integer arithmetic only; the rule of _representable in
+  // _analyzer.py (tests/test_analyzer_native.py checks them equal).
+  static PEAT_MINLINE VU RepresentableMask(VU mag) {
+    constexpr int kM = Tr::kMant, kB = static_cast<int>(C::kBias);
+    const VU expf = mag >> kM;
+    const VU man = mag & ((U(1) << kM) - 1);
+    const VU sig = expf != 0 ? (man | (U(1) << kM)) : man;
+    const VI q = (VI)(expf != 0 ? expf : Splat<VU>(1)) - (kB + kM);
+    const VI low = q + HighBit(sig & -sig);  // lowest set bit
+    const VI high = q + HighBit(sig);
+    const VI top_bit = high - q;  // highest set bit of sig, 0..kM
+    VU out = VU{};
+    for (int i = 0; i < kNarrow; ++i) {
+      const NarrowFormat& f = kNarrowFormats[i];
+      const VI floor_res = Splat<VI>(f.emin - f.mant);
+      const VI res = high - f.mant > floor_res ? high - f.mant : floor_res;
+      const VI shift = top_bit - f.mant;  // -f.mant .. kM
+      const VU right = (VU)(shift > 0 ? shift : VI{});
+      const VU left = (VU)(shift < 0 ? -shift : VI{});
+      const VU top = shift >= 0 ? sig >> right : sig << left;
+      const VI at_emax = (VI)(top <= U(f.max_top));
+      const VI ok = low < res ? VI{}
+                              : (high != f.emax ? (VI)(high < f.emax) : at_emax);
+      out |= (VU)(ok & 1) << i;
+    }
+    out = mag >= C::kInf ? VU{} : out;
+    return mag == 0 ? Splat<VU>((U(1) << kNarrow) - 1) : out;
   }
 
   // The sampled elements among flat indices [a, b) (_sample_index).
   void Samples(const S* tp, const S* gp, int64_t a, int64_t b, int64_t w) {
     if (w == 0) {
-      for (int64_t i = a; i < b; ++i) Sample(tp[i], gp[i]);
+      for (int64_t i = a; i < b; ++i) AddSample(tp[i], gp[i]);
       return;
     }
     const int64_t k0 = std::max<int64_t>(0, (a - (w - 1)) / w);
     const int64_t k1 = std::min<int64_t>(kPctSample, (b - 1) / w + 1);
     for (int64_t k = k0; k < k1; ++k) {
-      const uint32_t h = static_cast<uint32_t>(
-          Hash32(vu32{} + static_cast<uint32_t>(k), 0x9E3779B1u,
-                 0x7F4A7C15u)[0]);
+      const uint32_t h = Hash32(static_cast<uint32_t>(k), 0x9E3779B1u,
+                                0x7F4A7C15u);
       const int64_t i = k * w + static_cast<int64_t>(h % w);
-      if (i >= a && i < b) Sample(tp[i], gp[i]);
+      if (i >= a && i < b) AddSample(tp[i], gp[i]);
     }
   }
 
@@ -1154,6 +1236,7 @@ void RunUnit(const Job& job, int64_t u) {
   }
   for (int k = 0; k < kNumSums; ++k) o.sum[k] = HSum(ps.dsum[k]);
   for (int k = 0; k < kNumSsq; ++k) ps.ssq[k].Reduce(&o.ssq_max[k], &o.ssq_s[k]);
+  ps.FinishSamples();
   std::memcpy(o.hist_abs, ps.hist_abs, sizeof(o.hist_abs));
   std::memcpy(o.hist_rel, ps.hist_rel, sizeof(o.hist_rel));
   std::memcpy(o.sample_counts, ps.sample_counts, sizeof(o.sample_counts));
