@@ -15,7 +15,12 @@ pair (a KUT with relative noise ~1e-6 against its golden), best of
   statistics (`numpy_signature` below), counted the same way;
 
 then the batched form on 1,000 small records (records per second), and the
-same records analyzed one call at a time for comparison. The load average
+same records analyzed one call at a time for comparison; then the playback
+form: `analyze_split_many(..., to_host=True)` of the 13 records one GPT
+checkpoint's playback analyzes (the forward matmul outputs of
+`models.get_task("gpt")`, 3.4 M elements, test, golden and a float32
+hi/lo reference: 16 bytes per element), in GB/s and against the copy
+ceiling above. The load average
 is printed before and after: the ratios are only meaningful on a quiet
 machine (the copy is memory-bound, the analyzer compute-bound).
 
@@ -205,6 +210,26 @@ def main() -> None:
         f"({t_batch * 1e3:.1f} ms)")
   print(f"  analyze, 1 call per record: {args.sites / t_loop:10.0f} "
         f"records/s (measured on {few})")
+  # Playback form: the GPT scenario's 13 forward dot_general outputs.
+  sizes = [(16, 64, 384), (16, 4, 64, 64), (16, 4, 32, 64), (16, 64, 128),
+           (16, 64, 512), (16, 64, 128)] * 2 + [(16, 64, 256)]
+  recs = []
+  for shp in sizes:
+    gr = rng.standard_normal(shp, dtype=np.float32)
+    tr = (gr * (1 + 1e-3 * rng.standard_normal(shp, dtype=np.float32))
+          ).astype(np.float32)
+    lo = (gr * 1e-9).astype(np.float32)
+    recs.append([jnp.asarray(x) for x in (tr, gr, gr, lo)])
+  cols = [list(c) for c in zip(*recs)]
+  t_many = _best(lambda: A.analyze_split_many(*cols, to_host=True),
+                 args.repeats)
+  elems = sum(int(np.prod(x)) for x in sizes)
+  gbs_many = 16 * elems / t_many
+  print(f"Playback form: {len(sizes)} records, {elems / 1e6:.2f} M elements "
+        f"(GPT checkpoint), analyze_split_many(to_host=True)")
+  print(f"  {t_many * 1e3:.1f} ms, {gbs_many / 1e9:.2f} GB/s of input "
+        f"(t, g, ref hi, lo), {100 * gbs_many / ceiling:.1f}% of the copy "
+        "ceiling")
   print(f"load average: {load0:.2f} before, {os.getloadavg()[0]:.2f} after "
         f"({os.cpu_count()} cores)")
 

@@ -104,8 +104,16 @@ def _host(sig) -> dict[str, np.ndarray]:
     raise PeatError(
         f"detect() takes a Signature from peat_jax.analyze, got "
         f"{type(sig).__name__}; call peat.analyze(test, golden) first")
-  host = jax.device_get(sig)
+  host = host_signature(sig)
   return {k: np.asarray(getattr(host, k)) for k in fields}
+
+
+def host_signature(sig):
+  """``sig`` with NumPy fields: fetched from the device unless every field
+  is a NumPy value already (a packed fetch, `analyze_split_many`)."""
+  if all(isinstance(v, (np.ndarray, np.generic)) for v in sig):
+    return sig
+  return jax.device_get(sig)
 
 
 def _working_format(s: Mapping[str, np.ndarray], dtype) -> str:

@@ -262,7 +262,11 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
   pending = [(site, done[i], _reduction(site, params)) if i in done
              else (site, *_signature(site, params, tp))
              for i, (site, params, tp) in enumerate(sites)]
-  host = jax.device_get([sig for _, sig, _ in pending])
+  # Signatures of `done` are on the host already (packed transfer).
+  fetched = iter(jax.device_get([sig for i, (_, sig, _) in enumerate(pending)
+                                 if i not in done]))
+  host = [sig if i in done else next(fetched)
+          for i, (_, sig, _) in enumerate(pending)]
   out = []
   for (site, _, red), sig in zip(pending, host):
     diag = _detector.detect(sig, context={"kernel": site.kernel,

@@ -32,7 +32,6 @@ import struct
 import zlib
 from typing import Any, Sequence
 
-import jax
 import msgpack
 import numpy as np
 
@@ -307,7 +306,7 @@ def _num(x) -> Any:
 
 def signature_record(sig) -> dict:
   """The scalar fields of a Signature plus ulp_hist, bits_xor, rel_pct."""
-  s = jax.device_get(sig)
+  s = _detector.host_signature(sig)
   rec = {}
   for k, v in zip(s._fields, s):
     if np.ndim(v) == 0:
