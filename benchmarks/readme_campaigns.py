@@ -8,7 +8,7 @@ Usage::
 Runs :func:`peat_jax._campaign.validate` (golden run, playback FI, runtime
 FI, verdict, report) for native kernel variants on
 
-* vision pretraining: ``cnn`` (conv2d ``in_bf16`` and ``tile_edge_bug``);
+* vision pretraining: ``cnn`` (conv2d ``in_bf16`` and ``tile_edge_bug@12``);
 * vision finetuning: ``cnn_finetune`` from a ``cnn_04`` golden run (conv2d
   ``acc_bf16``, matmul ``in_tf32``);
 * language pretraining: ``gpt`` (matmul ``in_bf16``, softmax ``fast_exp``);
@@ -49,7 +49,7 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Print campaign progress.")
 #  golden steps, checkpoint_every, runtime steps, KUTs)
 CAMPAIGNS = (
     ("vision pretraining", "cnn", None, 80, 20, 60,
-     ("native:conv2d:in_bf16", "native:conv2d:tile_edge_bug")),
+     ("native:conv2d:in_bf16", "native:conv2d:tile_edge_bug@12")),
     ("vision finetuning", "cnn_finetune", ("cnn_04", 80, 20), 60, 20, 60,
      ("native:conv2d:acc_bf16", "native:matmul:in_tf32")),
     ("language pretraining", "gpt", None, 60, 20, 30,

@@ -437,6 +437,13 @@ def _rule_stuck(f: _Facts) -> list[Candidate]:
   return out
 
 
+#: Above this share of differing elements, errors no larger than
+#: ROUNDING_ABS_ULPS units of roundoff of the golden RMS are rounding noise
+#: (e.g. a 9-term convolution whose outputs near zero cancel), not flips.
+SPARSE_MAX_SHARE_AT_ROUNDING = 0.01
+ROUNDING_ABS_ULPS = 1024.0
+
+
 def _rule_sparse(f: _Facts) -> list[Candidate]:
   """Few elements with errors far above rounding: bit flips or wild values."""
   s = f.s
@@ -455,6 +462,12 @@ def _rule_sparse(f: _Facts) -> list[Candidate]:
   nonfinite = int(s["n_nonfinite_new"]) > 0
   if max_ulp < 8 and not nonfinite:
     return []  # within a few ULPs: rounding-sized, left to the level rules
+  if (not nonfinite and f.share > SPARSE_MAX_SHARE_AT_ROUNDING
+      and outlier <= ROUNDING_ABS_ULPS * f.u):
+    # Many elements differ, none by more than rounding of the output's
+    # scale: a short reduction's cancellation noise (outputs near zero are
+    # many of their own ULPs off), not faults; left to the level rules.
+    return []
   bits = [int(k) for k in np.nonzero(f.xor)[0]]
   if f.bits_per_diff <= 3.0:
     fields = sorted({f.field_of_bit(k) for k in bits})

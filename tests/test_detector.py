@@ -119,6 +119,36 @@ def test_inferred_parameters():
   assert d.params == {"stride": 32, "lane": 5, "what": "zeroed"}
 
 
+def test_short_reduction_cancellation_is_not_a_bitflip():
+  """A 9-term reduction (a 3x3x1 convolution) summed in another order:
+  about a fifth of the outputs differ, those near zero by thousands of
+  their own ULPs, yet no error exceeds rounding of the output's scale. Not
+  `bitflip` (a fault touches few elements); a real flip among such noise
+  still is one."""
+  rng = np.random.default_rng(9)
+  a = rng.standard_normal((4096, 9)).astype(np.float32)
+  b = rng.standard_normal((9, 16)).astype(np.float32)
+  def ordered(ks):  # one rounding per multiply and per add, in this order
+    c = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k in ks:
+      c = (c + a[:, k:k + 1] * b[k]).astype(np.float32)
+    return c
+
+  g = ordered([0, 1, 2, 3, 4, 5, 6, 7, 8])
+  t = ordered([0, 1, 2, 3, 4, 5, 7, 6, 8])  # two terms swapped
+  r = a.astype(np.float64) @ b.astype(np.float64)
+  sig = analyze(jnp.asarray(t), jnp.asarray(g), r)
+  hist = np.asarray(sig.ulp_hist)
+  assert 0.01 < float(sig.share_differ) < 0.25
+  assert np.nonzero(hist)[0][-1] >= 5  # some output moved >= 16 ULPs
+  d = detect(sig)
+  assert d.model == "reordering" and d.verdict == "pass", (d.model,
+                                                           d.evidence)
+  flipped = _flip(t, rng, 3, 27)
+  d = detect(analyze(jnp.asarray(flipped), jnp.asarray(g), r))
+  assert d.model == "bitflip" and 27 in d.params["bits"], d.evidence
+
+
 def test_transpose_is_indexing():
   rng = np.random.default_rng(3)
   g = rng.standard_normal((64, 64)).astype(np.float32)
