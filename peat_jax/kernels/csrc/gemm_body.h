@@ -64,9 +64,7 @@ constexpr int64_t kMc = 120;  // rows of a tile (a multiple of every kMr)
 // broadcast fit the ISA's vector registers (32 zmm, 16 ymm, 16 xmm).
 #if PEAT_GEMM_ISA == 512
 constexpr int kWideMr = 6, kWideNv = 4, kNarrowMr = 12, kNarrowNv = 2;
-#elif PEAT_GEMM_ISA == 2
-constexpr int kWideMr = 4, kWideNv = 3, kNarrowMr = 6, kNarrowNv = 2;
-#else
+#else  // 16 ymm / xmm registers
 constexpr int kWideMr = 4, kWideNv = 3, kNarrowMr = 6, kNarrowNv = 2;
 #endif
 static_assert(kMc % kWideMr == 0 && kMc % kNarrowMr == 0, "kMc");

@@ -13,10 +13,19 @@
 
 #if defined(__SSE__) || defined(__x86_64__)
 #include <xmmintrin.h>
-#define PEAT_HAVE_MXCSR 1
 #endif
 
 namespace peat {
+
+// The floating-point control state (MXCSR: rounding, FTZ/DAZ) of the
+// calling thread; 0 and a no-op where there is none.
+#if defined(__SSE__) || defined(__x86_64__)
+inline unsigned GetFpMode() { return _mm_getcsr(); }
+inline void SetFpMode(unsigned m) { _mm_setcsr(m); }
+#else
+inline unsigned GetFpMode() { return 0; }
+inline void SetFpMode(unsigned) {}
+#endif
 
 inline std::string DimsString(ffi::AnyBuffer::Dimensions d) {
   std::string s = "(";
@@ -39,20 +48,13 @@ inline int64_t Prod(ffi::AnyBuffer::Dimensions d, size_t begin, size_t end) {
 // clears FTZ/DAZ for the duration of a handler and restores them after.
 class ScopedIeeeSubnormals {
  public:
-  ScopedIeeeSubnormals() {
-#ifdef PEAT_HAVE_MXCSR
-    saved_ = _mm_getcsr();
-    _mm_setcsr(saved_ & ~(0x8000u | 0x0040u));  // FTZ bit 15, DAZ bit 6
-#endif
+  ScopedIeeeSubnormals() : saved_(GetFpMode()) {
+    SetFpMode(saved_ & ~(0x8000u | 0x0040u));  // FTZ bit 15, DAZ bit 6
   }
-  ~ScopedIeeeSubnormals() {
-#ifdef PEAT_HAVE_MXCSR
-    _mm_setcsr(saved_);
-#endif
-  }
+  ~ScopedIeeeSubnormals() { SetFpMode(saved_); }
 
  private:
-  unsigned saved_ = 0;
+  const unsigned saved_;
 };
 
 namespace cpu_internal {

@@ -13,26 +13,10 @@
 #include <memory>
 #include <thread>
 
+#include "peat_cpu.h"
 #include "xla/ffi/api/ffi.h"
 
-#if defined(__SSE__) || defined(__x86_64__)
-#include <xmmintrin.h>
-#endif
-
 namespace peat {
-
-namespace ffi = xla::ffi;
-
-// The floating-point control state (MXCSR: rounding, FTZ/DAZ) that pool
-// tasks copy from the calling thread, so that a unit computes the same on
-// any thread (the handlers clear FTZ/DAZ for their duration).
-#if defined(__SSE__) || defined(__x86_64__)
-inline unsigned GetFpMode() { return _mm_getcsr(); }
-inline void SetFpMode(unsigned m) { _mm_setcsr(m); }
-#else
-inline unsigned GetFpMode() { return 0; }
-inline void SetFpMode(unsigned) {}
-#endif
 
 namespace parallel_internal {
 
@@ -43,7 +27,7 @@ struct Shared {
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
   int64_t units = 0;
-  unsigned fp_mode = 0;
+  unsigned fp_mode = 0;  // the caller's MXCSR (GetFpMode), copied to tasks
   void (*call)(void*, int64_t) = nullptr;
   void* fn = nullptr;
 };
