@@ -50,6 +50,9 @@ SHIFT_SAMPLE_ROWS = 16
 #: ... and their first SHIFT_WINDOW columns; about SHIFT_WINDOW elements per
 #: shift (more rows when rows are short).
 SHIFT_WINDOW = 512
+#: A shift or transpose share is 0 unless at least this many informative
+#: positions (t differs from g, t not +-0) were compared.
+SHIFT_MIN_COMPARED = 8
 #: Percentiles are read from a histogram of at most this many elements.
 PCT_SAMPLE = 1 << 16
 #: Histogram buckets: float32 bit pattern >> 21 (exponent + 2 mantissa bits).
@@ -274,12 +277,15 @@ class Signature(NamedTuple):
       and of the patterns) and n_bit_equal < n.
     shift_col_share, shift_row_share: float32[17]: for s = -8..8 (index s+8),
       the share of compared elements where t[i, j] == g[i, j - s] (columns)
-      or t[i, j] == g[i - s, j] (rows), bitwise, counting only in-range
-      positions, over the first min(C, 512) columns of
-      min(R, 16, max(2, ceil(512 / min(C, 512)))) evenly spread rows.
+      or t[i, j] == g[i - s, j] (rows), bitwise. Compared: positions among
+      the first min(C, 512) columns of min(R, 16, max(2, ceil(512 /
+      min(C, 512)))) evenly spread rows where t differs from g bitwise, t
+      is not +-0 and the source is in range; the share is 0 when fewer
+      than SHIFT_MIN_COMPARED (8) were compared (so index 8, s = 0, is
+      always 0).
     best_shift_col, best_shift_row: int32: the s != 0 with the largest share
-      (0 if no share beats shift 0).
-    transpose_share: share of t[i, j] == g[j, i] over the same sampled
+      (0 if every share is 0).
+    transpose_share: share of t[i, j] == g[j, i] over the same compared
       positions (0 unless R == C).
     has_reference: bool.
     ref_test_abs_max, ref_test_abs_rms, ref_golden_abs_max,
@@ -1021,7 +1027,11 @@ def _shift_tests(tb: Array, gb: Array, rows: int, cols: int):
   """Bitwise match counts of t against shifted/transposed g (sampled rows).
 
   Two static gathers (no Python loop in the traced graph): g at every
-  column shift of the sampled rows, and g's rows at every row shift.
+  column shift of the sampled rows, and g's rows at every row shift. Only
+  informative positions are compared: t differs from g there (bitwise) and
+  is not +-0. Equal elements say nothing about where t's values came from,
+  and on sparse arrays (a gradient that is zero but for a few rows) equal
+  zeros would match any shift; a KUT that zeroes elements is not a shift.
   """
   cw = min(cols, SHIFT_WINDOW)
   nsamp = min(rows, SHIFT_SAMPLE_ROWS, max(2, -(-SHIFT_WINDOW // cw)))
@@ -1029,24 +1039,27 @@ def _shift_tests(tb: Array, gb: Array, rows: int, cols: int):
   shifts = np.arange(-SHIFT_RANGE, SHIFT_RANGE + 1)
   ts = tb[ridx][:, :cw]  # (S, cw)
   gs = gb[ridx]
+  # Informative positions: t != g bitwise and t not +-0 (sign bit dropped).
+  inf = (ts != gs[:, :cw]) & ((ts << 1) != 0)  # (S, cw)
   # Columns: t[i, j] vs g[i, j - s].
   src = np.arange(cw)[None, :] - shifts[:, None]  # (17, cw)
   ok = (src >= 0) & (src < cols)
   gsh = gs[:, np.clip(src, 0, cols - 1)]  # (S, 17, cw)
-  col_m = jnp.sum((ts[:, None, :] == gsh) & ok[None], axis=(0, 2),
+  cmp_c = inf[:, None, :] & ok[None]
+  col_m = jnp.sum((ts[:, None, :] == gsh) & cmp_c, axis=(0, 2),
                   dtype=jnp.int32)
-  col_n = jnp.asarray(ok.sum(axis=1) * len(ridx), jnp.int32)
+  col_n = jnp.sum(cmp_c, axis=(0, 2), dtype=jnp.int32)
   # Rows: t[i, j] vs g[i - s, j].
   rsrc = ridx[None, :] - shifts[:, None]  # (17, S)
   rok = (rsrc >= 0) & (rsrc < rows)
   grs = gb[np.clip(rsrc, 0, rows - 1)][:, :, :cw]  # (17, S, cw)
-  row_m = jnp.sum((ts[None] == grs) & rok[:, :, None], axis=(1, 2),
-                  dtype=jnp.int32)
-  row_n = jnp.asarray(rok.sum(axis=1) * cw, jnp.int32)
+  cmp_r = inf[None] & rok[:, :, None]
+  row_m = jnp.sum((ts[None] == grs) & cmp_r, axis=(1, 2), dtype=jnp.int32)
+  row_n = jnp.sum(cmp_r, axis=(1, 2), dtype=jnp.int32)
   if rows == cols and rows > 1:
     gt = gb[:cw, ridx].T  # g[j, i] for sampled i, j < cw
-    tr_m = jnp.sum(ts == gt, dtype=jnp.int32)
-    tr_n = jnp.int32(ts.size)
+    tr_m = jnp.sum((ts == gt) & inf, dtype=jnp.int32)
+    tr_n = jnp.sum(inf, dtype=jnp.int32)
   else:
     tr_m, tr_n = jnp.int32(0), jnp.int32(0)
   return col_m, col_n, row_m, row_n, tr_m, tr_n
@@ -1465,8 +1478,8 @@ def _finalize(s: SignatureState) -> Signature:
   corr = jnp.clip(corr, -1.0, 1.0)
   # Shifts.
   def shares(m, nn):
-    return jnp.where(nn > 0, m.astype(f32) / jnp.maximum(nn, 1).astype(f32),
-                     0.0)
+    return jnp.where(nn >= SHIFT_MIN_COMPARED,
+                     m.astype(f32) / jnp.maximum(nn, 1).astype(f32), 0.0)
   col_sh = shares(s.shift_col_match, s.shift_col_n)
   row_sh = shares(s.shift_row_match, s.shift_row_n)
 

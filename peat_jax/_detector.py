@@ -228,8 +228,9 @@ def _rule_indexing(f: _Facts) -> list[Candidate]:
   if tshare >= 0.9:
     out.append(Candidate(
         "indexing", min(0.99, tshare),
-        f"t[i, j] == g[j, i] bitwise at {_pct(tshare)} of sampled elements "
-        f"while {_pct(f.share)} of elements differ: a transposed layout",
+        f"t[i, j] == g[j, i] bitwise at {_pct(tshare)} of the sampled "
+        f"nonzero elements that differ ({_pct(f.share)} of elements differ): "
+        "a transposed layout",
         {"kind": "transpose"}))
   for axis in ("col", "row"):
     shares = s[f"shift_{axis}_share"]
@@ -239,7 +240,8 @@ def _rule_indexing(f: _Facts) -> list[Candidate]:
       out.append(Candidate(
           "indexing", min(0.99, sh),
           f"t equals g shifted by {best} {axis}s bitwise at {_pct(sh)} of "
-          f"compared elements ({_pct(f.share)} of elements differ)",
+          f"the sampled nonzero elements that differ ({_pct(f.share)} of "
+          "elements differ)",
           {"kind": "shift", "axis": "columns" if axis == "col" else "rows",
            "shift": best}))
   if bool(s["is_permutation"]) and not out:

@@ -149,6 +149,46 @@ def test_short_reduction_cancellation_is_not_a_bitflip():
   assert d.model == "bitflip" and 27 in d.params["bits"], d.evidence
 
 
+def _class_token_gradient(rng, order):
+  """A (B*T, D) float32 gradient that is zero but for each image's class
+  token row (the last ViT block), summed over K in the given order."""
+  b, t, k, d = 8, 17, 96, 64
+  x = np.zeros((b * t, k), np.float32)
+  x[::t] = rng.standard_normal((b, k))
+  w = rng.standard_normal((k, d)).astype(np.float32)
+  c = np.zeros((b * t, d), np.float32)
+  for i in order(k):
+    c = (c + x[:, i:i + 1] * w[i]).astype(np.float32)
+  return c, x.astype(np.float64) @ w.astype(np.float64)
+
+
+def test_sparse_gradient_noise_is_not_indexing():
+  """Rows of equal zeros match every shift of a sparse array; the shift
+  tests compare only positions where t differs and is nonzero, so
+  summation-order noise on the class-token rows is `reordering` while a
+  real shift, transpose or zeroing of the same array is still named."""
+  rng = np.random.default_rng(5)
+  g, r = _class_token_gradient(rng, lambda k: range(k))
+  rng = np.random.default_rng(5)
+  t, _ = _class_token_gradient(rng, lambda k: reversed(range(k)))
+  assert 0.02 < float(np.mean(t != g)) < 0.06  # 1 row in 17, most differ
+  sig = analyze(jnp.asarray(t), jnp.asarray(g), r)
+  assert not np.asarray(sig.shift_row_share).any()
+  assert not np.asarray(sig.shift_col_share).any()
+  d = detect(sig)
+  assert d.model == "reordering" and d.verdict != "fail", (d.model,
+                                                           d.evidence)
+  d = detect(analyze(jnp.asarray(np.roll(g, -2, axis=1)), jnp.asarray(g), r))
+  assert (d.model, d.params["kind"], d.params["shift"]) == (
+      "indexing", "shift", -2), d.evidence
+  sq = g[:64, :64]
+  d = detect(analyze(jnp.asarray(sq.T.copy()), jnp.asarray(sq)))
+  assert (d.model, d.params["kind"]) == ("indexing", "transpose"), d.evidence
+  zeroed = np.where(rng.random(g.shape) < 0.5, np.float32(0), g)
+  d = detect(analyze(jnp.asarray(zeroed), jnp.asarray(g), r))
+  assert d.model == "zero", d.evidence
+
+
 def test_transpose_is_indexing():
   rng = np.random.default_rng(3)
   g = rng.standard_normal((64, 64)).astype(np.float32)
