@@ -85,9 +85,11 @@ def _k_ordered(a, b, fused):
 
 
 # Shapes around the blocked kernel's edges: k blocks of 128, row tiles of
-# 120, column panels of 32 / 64 and column tiles of 256.
+# 120, column panels of 32 / 64 and column tiles of 256; and batches of
+# products under 1 MFLOP, whose batch is shared among threads (80 items in
+# 64 units; a small GPT's attention scores).
 BLOCK_SHAPES = [(1, 1, 1), (7, 3, 5), (13, 300, 70), (130, 129, 300),
-                (2, 121, 260, 33)]
+                (2, 121, 260, 33), (80, 24, 40, 30), (16, 64, 32, 64)]
 
 
 @pytest.mark.parametrize("dims", BLOCK_SHAPES, ids=lambda d: "x".join(map(str, d)))
@@ -116,6 +118,26 @@ def test_blocked_gemm_is_the_k_ordered_sum(variant, dims):
       np.asarray(da), _k_ordered(dcn, np.swapaxes(bn, -1, -2), fused))
   np.testing.assert_array_equal(
       np.asarray(db), _k_ordered(np.swapaxes(an, -1, -2), dcn, fused))
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS
+                                     if v != "threaded_nondet"])
+def test_shared_batch_equals_products_one_at_a_time(variant):
+  """A batch of small products shared among threads gives every product
+  bitwise as computed alone (batch 1, one thread), forward and backward."""
+  rng = rng_for("mm-batch", variant)
+  a = randn(rng, (72, 20, 36), "float32")
+  b = randn(rng, (72, 36, 27), "float32")
+  dc = randn(rng, (72, 20, 27), "float32")
+  f = jax.jit(lambda a, b: native.matmul(a, b, variant=variant, tile=TILE))
+  out, vjp = jax.vjp(f, a, b)
+  da, db = vjp(dc)
+  for i in (0, 1, 35, 70, 71):
+    o1, vjp1 = jax.vjp(f, a[i:i + 1], b[i:i + 1])
+    d1 = vjp1(dc[i:i + 1])
+    np.testing.assert_array_equal(np.asarray(out[i:i + 1]), np.asarray(o1))
+    np.testing.assert_array_equal(np.asarray(da[i:i + 1]), np.asarray(d1[0]))
+    np.testing.assert_array_equal(np.asarray(db[i:i + 1]), np.asarray(d1[1]))
 
 
 def test_fma_emulation_rounds_once():

@@ -8,12 +8,14 @@
 // (batch) dimensions of all operands must be equal; the Python side
 // broadcasts them (vmap_method="broadcast_all").
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "peat_cpu.h"
 #include "peat_numerics.h"
+#include "peat_parallel.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace peat {
@@ -63,26 +65,42 @@ ffi::Error MatmulDims(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
 
 // One batched product: out[b] = op(x[b]) * op(y[b]) where op transposes an
 // operand when its strides say so; x is (rows x inner), y is (inner x cols).
-void BatchedProduct(ffi::ThreadPool* pool, int32_t variant, int64_t tile, int64_t batch,
-                    const ffi::AnyBuffer& x, Elem tx, int64_t rows,
-                    int64_t inner, bool trans_x, const ffi::AnyBuffer& y,
-                    Elem ty, int64_t cols, bool trans_y, ffi::AnyBuffer* out,
-                    Elem to) {
-  std::vector<float> px(rows * inner), py(inner * cols);
-  std::vector<float> c32(variant == kRtz ? 0 : rows * cols);
-  std::vector<double> c64(variant == kRtz ? rows * cols : 0);
-  for (int64_t bi = 0; bi < batch; ++bi) {
-    const int64_t ox = bi * rows * inner, oy = bi * inner * cols;
-    // Stored layouts: x is (rows, inner) or, transposed, (inner, rows).
-    PackMatrix(x.untyped_data(), tx, ox, rows, inner, trans_x ? 1 : inner,
-               trans_x ? rows : 1, variant, px.data());
-    PackMatrix(y.untyped_data(), ty, oy, inner, cols, trans_y ? 1 : cols,
-               trans_y ? inner : 1, variant, py.data());
-    Gemm(pool, variant, tile, rows, cols, inner, px.data(), py.data(), c32.data(),
-         c64.data());
-    StoreMatrix(variant, c32.data(), c64.data(), rows * cols,
-                out->untyped_data(), to, bi * rows * cols);
-  }
+// A product too small to share among threads by itself (below the GEMM
+// core's 1 MFLOP threshold) is computed whole by one thread, and the batch
+// is shared instead (the attention products of a small transformer: 64
+// products of 64 x 32 x 64). Either way every output element comes from the
+// same single-threaded arithmetic, so the result does not depend on it.
+void BatchedProduct(ffi::ThreadPool* pool, int32_t variant, int64_t tile,
+                    int64_t batch, const ffi::AnyBuffer& x, Elem tx,
+                    int64_t rows, int64_t inner, bool trans_x,
+                    const ffi::AnyBuffer& y, Elem ty, int64_t cols,
+                    bool trans_y, ffi::AnyBuffer* out, Elem to) {
+  const double flops = 2.0 * rows * cols * inner;
+  // threaded_nondet starts its own threads for every product.
+  const bool share_batch = variant != kThreadedNondet && batch > 1 &&
+                           flops < 1.0e6 && batch * flops >= 1.0e6;
+  // Units: contiguous runs of batch items, at most 64, so that the scratch
+  // buffers are allocated once per unit.
+  const int64_t units = share_batch ? std::min<int64_t>(batch, 64) : 1;
+  ParallelFor(pool, units, share_batch, [&](int64_t u) {
+    const int64_t b0 = batch * u / units, b1 = batch * (u + 1) / units;
+    ffi::ThreadPool* inner_pool = share_batch ? nullptr : pool;
+    std::vector<float> px(rows * inner), py(inner * cols);
+    std::vector<float> c32(variant == kRtz ? 0 : rows * cols);
+    std::vector<double> c64(variant == kRtz ? rows * cols : 0);
+    for (int64_t bi = b0; bi < b1; ++bi) {
+      const int64_t ox = bi * rows * inner, oy = bi * inner * cols;
+      // Stored layouts: x is (rows, inner) or, transposed, (inner, rows).
+      PackMatrix(x.untyped_data(), tx, ox, rows, inner, trans_x ? 1 : inner,
+                 trans_x ? rows : 1, variant, px.data());
+      PackMatrix(y.untyped_data(), ty, oy, inner, cols, trans_y ? 1 : cols,
+                 trans_y ? inner : 1, variant, py.data());
+      Gemm(inner_pool, variant, tile, rows, cols, inner, px.data(), py.data(),
+           c32.data(), c64.data());
+      StoreMatrix(variant, c32.data(), c64.data(), rows * cols,
+                  out->untyped_data(), to, bi * rows * cols);
+    }
+  });
 }
 
 ffi::Error MatmulFwdImpl(ffi::ThreadPool pool, ffi::AnyBuffer a, ffi::AnyBuffer b,
