@@ -16,8 +16,9 @@ train step measured in the same run (median of ``--repeats`` warm calls):
   restore; and :func:`playback` end to end per checkpoint (warm mean, the
   first checkpoint's compilation excluded), restoring in this thread
   (``prefetch=0``) and in a background thread ahead of play
-  (``prefetch=1``); ``--kut=golden`` measures the framework's own cost
-  (the KUT is the golden kernel);
+  (``prefetch=1``); ``--kut=golden`` gives a lower bound of the
+  framework's cost (the KUT is the golden kernel, so the two steps are one
+  computation and XLA merges them);
 * runtime FI: one jitted step with the KUT substituted at every call, every
   4th step and a seeded 25% of calls vs the plain golden step, each at
   steps that cover the schedule (median of ``--repeats`` rounds of 4

@@ -1,5 +1,9 @@
 """A KUT inside a user's own Flax/Optax training loop (peat.Monitor)."""
 
+import os
+import re
+import subprocess
+import sys
 from typing import NamedTuple
 
 from flax import nnx
@@ -86,3 +90,18 @@ def test_golden_monitor_passes_and_bad_input_is_named(tmp_path):
   with pytest.raises(peat.PeatError, match="no site of kernel 'softmax'"):
     peat.Monitor(step_fn, "native:softmax:default", tmp_path / "s")(
         state, batches[0])
+
+
+def test_readme_example_runs_and_prints_what_the_readme_shows(tmp_path):
+  """The README's complete Monitor script, pasted into a file and run."""
+  readme = open(os.path.join(os.path.dirname(__file__), "..",
+                             "README.md")).read()
+  section = readme[readme.index("### Inside your own training loop"):]
+  code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+  shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+  (tmp_path / "example.py").write_text(code)
+  out = subprocess.run([sys.executable, "example.py"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.splitlines() == shown.splitlines()
+  assert (tmp_path / "runs" / "my_model" / "monitor.msgpack").is_file()
