@@ -1,0 +1,98 @@
+"""False-alarm sweep: KUTs that only reorder sums, played back in training.
+
+Usage::
+
+  python benchmarks/false_alarm_sweep.py [--scenarios=cnn,vit,gpt] \
+      [--workdir=/tmp/peat_sweep] [--steps=60] [--checkpoint_every=20]
+
+The calibration suite (``tools/calibrate.py``) checks the Detector on
+forward site inputs captured once per model. This sweep checks it where a
+user meets it: playback FI at every saved checkpoint of a short golden run
+of each scenario, every site of the kernel (forward records), with the
+native variants whose only difference from the golden kernel is the order
+or fusion of their float32 operations (``EXPECTED_ERROR_MODEL`` says
+``reordering``). Every record should be ``exact`` or ``reordering``; a
+``warn`` is allowed (the KUT is more than 2x as far from float64 as the
+golden kernel, which the verdict rules call a warning), a fault model or
+``fail`` is a false alarm. Prints one line per (scenario, KUT) and every
+record that does not pass; exits 1 on a false alarm.
+"""
+
+import collections
+import os
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+
+import peat_jax as peat
+from peat_jax import models
+from peat_jax.kernels import native
+from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL
+
+_SCENARIOS = flags.DEFINE_list("scenarios", ["cnn", "vit", "gpt"],
+                               "Training scenarios (peat_jax.models).")
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/peat_sweep",
+                               "Golden runs and playback records go here.")
+_STEPS = flags.DEFINE_integer("steps", 60, "Golden steps per scenario.")
+_EVERY = flags.DEFINE_integer("checkpoint_every", 20,
+                              "Golden checkpoint interval.")
+
+KERNELS = ("matmul", "conv2d", "softmax", "layer_norm")
+BENIGN = ("exact", "reordering")
+
+
+def reordering_kuts() -> list[str]:
+  """Native KUT specs whose expected error model is ``reordering``."""
+  return [f"native:{k}:{v}" for k in KERNELS for v in native.variants(k)
+          if EXPECTED_ERROR_MODEL.get(k, {}).get(v) == "reordering"]
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  kuts = reordering_kuts()
+  print(f"KUTs: {', '.join(kuts)}")
+  false_alarms, total = 0, collections.Counter()
+  t_all = time.time()
+  for scen in _SCENARIOS.value:
+    task = models.get_task(scen)
+    golden = os.path.join(_WORKDIR.value, scen, "golden")
+    t0 = time.time()
+    peat.golden_train(task, golden, steps=_STEPS.value,
+                      checkpoint_every=_EVERY.value, evaluate=False)
+    print(f"{scen}: golden run ({_STEPS.value} steps) {time.time() - t0:.0f} s")
+    for kut in kuts:
+      t0 = time.time()
+      try:
+        pb = peat.playback(task, golden, kut, campaign_dir=os.path.join(
+            _WORKDIR.value, scen, kut.replace(":", "_")))
+      except peat.PeatError as e:
+        if "no site of kernel" not in str(e):
+          raise
+        continue  # the model has no call of this kernel
+      seen = collections.Counter(
+          (r["diagnosis"]["model"], r["diagnosis"]["verdict"])
+          for r in pb.records)
+      total.update(seen)
+      print(f"  {kut}: {len(pb.records)} records, "
+            + ", ".join(f"{m} {v} x{n}" for (m, v), n in sorted(seen.items()))
+            + f" ({time.time() - t0:.0f} s)")
+      for r in pb.records:
+        d = r["diagnosis"]
+        if d["verdict"] == "pass":
+          continue
+        bad = d["model"] not in BENIGN or d["verdict"] == "fail"
+        false_alarms += bad
+        print(f"    {'FALSE ALARM ' if bad else ''}{d['verdict']} "
+              f"{d['model']} step {r['step']} {r['site']}: {d['evidence']}")
+  print(f"{sum(total.values())} records: "
+        + ", ".join(f"{m} {v} x{n}" for (m, v), n in sorted(total.items()))
+        + f"; false alarms {false_alarms}; {time.time() - t_all:.0f} s")
+  sys.exit(1 if false_alarms else 0)
+
+
+if __name__ == "__main__":
+  app.run(main)
