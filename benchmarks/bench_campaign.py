@@ -23,6 +23,8 @@ train step measured in the same run (median of ``--repeats`` warm calls):
   4th step and a seeded 25% of calls vs the plain golden step, each at
   steps that cover the schedule (median of ``--repeats`` rounds of 4
   consecutive steps, interleaved with the golden step);
+* with ``--together``: :func:`playback_many` of ``--kut`` and those KUTs,
+  its wall time per checkpoint divided by the number of KUTs;
 * storage: bytes of ``playback.msgpack`` vs storing every site's output
   activations (all sites of the step: fwd, bwd, upd) at every played-back
   step, and vs storing the selected sites' inputs and outputs (golden and
@@ -53,6 +55,10 @@ _KUT = flags.DEFINE_string("kut", "native:conv2d:in_bf16", "KUT spec.")
 _CHECKPOINTS = flags.DEFINE_integer("checkpoints", 5,
                                     "Checkpoints played back.")
 _REPEATS = flags.DEFINE_integer("repeats", 15, "Repeats of each timing.")
+_TOGETHER = flags.DEFINE_list(
+    "together", [], "More KUT specs played back with --kut in one "
+    "`playback_many` (one restore and golden step per checkpoint); adds "
+    "its cost per checkpoint and per KUT.")
 
 
 def _bytes(shapes, dtypes) -> int:
@@ -141,6 +147,13 @@ def main(argv):
         f"of {steps - 1})", per[0], step_s)
     row(f"`playback` per checkpoint, restore ahead (prefetch=1, warm mean "
         f"of {steps - 1})", per[1], step_s)
+    if _TOGETHER.value:
+      specs = [kut] + _TOGETHER.value
+      many = _playback.playback_many(task, g.workdir, specs,
+                                     campaign_dir=os.path.join(tmp, "many"))
+      each = many[kut].seconds_per_step / len(specs)
+      row(f"`playback_many` of {len(specs)} KUTs per checkpoint and KUT "
+          f"(prefetch=1, warm mean of {steps - 1})", each, step_s)
 
     # Runtime FI: substituted steps at each frequency vs the plain step.
     runs = {"golden step (4 steps)": _steps(task.train_step, state,

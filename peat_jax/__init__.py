@@ -59,6 +59,7 @@ from peat_jax._inject import kernel_campaign as kernel_campaign
 from peat_jax._inject import replay as replay
 from peat_jax._oplevel import OpsResult as OpsResult
 from peat_jax._oplevel import playback_ops as playback_ops
+from peat_jax._playback import playback_many as playback_many
 from peat_jax._records import RecordFileError as RecordFileError
 from peat_jax._reference import REFERENCES as REFERENCES
 from peat_jax._reference import reference as reference

@@ -17,7 +17,10 @@ everything comes to the host in one transfer; checkpoints are read through a
 work); and :func:`playback` restores the next checkpoints in a background
 thread while the current one plays. The
 records are those of the plain path (steps jitted apart, update difference
-on the host), bitwise (tests/test_playback.py).
+on the host), bitwise (tests/test_playback.py). Several KUTs played back
+together (:class:`PlayerGroup`, :func:`playback_many`) share the restore,
+the golden step (XLA merges the KUTs' identical golden steps in one jitted
+call) and the float64 references of each checkpoint.
 """
 
 from __future__ import annotations
@@ -375,6 +378,7 @@ class Player:
       kstate, km = kstep(state, batch)
       return taps, gstate.params, gm, kstate.params, km
 
+    self.both = both  # pure; PlayerGroup jits several together
     self._steps = jax.jit(both)
     self._compiled = None
     self._device_refs = None  # per call; built once the store is filled
@@ -400,7 +404,18 @@ class Player:
     """
     batch = self.task.batch_at(int(state.data_position))
     self._compiled = self._steps.lower(state, batch).compile()
-    taps = jax.eval_shape(self._steps, state, batch)[0]
+    self.compile_records(state, jax.eval_shape(self._steps, state, batch)[0])
+
+  def compile_records(self, state, taps) -> None:
+    """Compiles the references, signatures and update difference.
+
+    Runs them once on seeded random arrays of the taps' shapes and dtypes.
+
+    Args:
+      state: a state of the task (shapes only matter).
+      taps: the taps' shapes (``jax.eval_shape`` of the steps' first
+        output).
+    """
     rng = np.random.default_rng(0)
 
     def fake(a):
@@ -424,10 +439,25 @@ class Player:
     """
     batch = self.task.batch_at(int(state.data_position))
     steps = self._compiled or self._steps
-    taps, gparams, gm, kparams, km = steps(state, batch)
+    return self.records(step, state, steps(state, batch), self._refs())
+
+  def records(self, step: int, state, out, refs) -> list[dict]:
+    """Records of one checkpoint from the steps' outputs.
+
+    Args:
+      step: the checkpoint's step (stored in the records).
+      state: the restored golden state at that step.
+      out: what the steps returned (``both(state, batch)``).
+      refs: the float64 references to use (:meth:`_refs`, or one shared
+        among the KUTs of a :class:`PlayerGroup`).
+
+    Returns:
+      ``[site records in execution order..., effect record]``.
+    """
+    taps, gparams, gm, kparams, km = out
     recs = site_records([(c.site, self._store[c.site.name],
                           taps[c.site.name]) for c in self.calls],
-                        self.kut_spec, int(step), self._refs())
+                        self.kut_spec, int(step), refs)
     gm, km = jax.device_get((gm, km))
     lg, lk = float(gm["loss"]), float(km["loss"])
     gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
@@ -438,6 +468,113 @@ class Player:
                           (0.0 if gnk == gng else math.inf)),
         "update_rel_diff": update_rel_diff(state.params, gparams, kparams)}
     return recs + [eff]
+
+
+class _SharedReferences:
+  """A Player's device references, shared with the other KUTs of a group.
+
+  A site's float64 reference depends only on its golden inputs, which are
+  the same for every KUT played back from the same state: the first KUT
+  to ask for a site computes its ``(hi, lo)``, the others reuse it. The
+  cache lives for one checkpoint.
+  """
+
+  def __init__(self, inner: DeviceReferences, names: Sequence[str],
+               cache: dict):
+    self._inner, self._names, self._cache = inner, list(names), cache
+
+  def usable(self, i: int, site: _sites.Site, tp: _sites_subst.Tap) -> bool:
+    return self._inner.usable(i, site, tp)
+
+  def __call__(self, which: tuple[int, ...], inputs: list) -> list:
+    missing = tuple(i for i in which if self._names[i] not in self._cache)
+    if missing:
+      given = dict(zip(which, inputs))
+      got = self._inner(missing, [given[i] for i in missing])
+      self._cache.update(
+          (self._names[i], hl) for i, hl in zip(missing, got))
+    return [self._cache[self._names[i]] for i in which]
+
+
+class PlayerGroup:
+  """Plays back several KUTs at one checkpoint with one compiled call.
+
+  One jitted function holds every KUT's two steps (:class:`Player`). The
+  golden step, tapped, is the same computation for every KUT but for the
+  KUT calls on the taps, and XLA merges the common part, so it runs once;
+  the float64 references of a site are computed once for all KUTs
+  (:class:`_SharedReferences`). Each KUT's records are those its own
+  :class:`Player` writes (tests/test_playback.py compares them bitwise).
+
+  Attributes:
+    players: KUT spec -> its :class:`Player`, in the given order.
+  """
+
+  def __init__(self, task: TrainTask, kut_specs: Sequence[str], state,
+               batch, *, select: str | Sequence[str] | None = None):
+    """Selects every KUT's sites and builds (not compiles) the call.
+
+    Args:
+      task: the golden run's task.
+      kut_specs: distinct KUT specs (:func:`peat_jax.resolve_kut`).
+      state: a state of the task (shapes only matter).
+      batch: a batch of the task.
+      select: narrow every spec's sites (as :class:`Player`).
+
+    Raises:
+      PeatError: no spec, a repeated spec, an unknown spec, a spec that
+        selects no site.
+    """
+    self.task = task
+    self.players = {k: Player(task, k, state, batch, select=select)
+                    for k in _check_specs(kut_specs)}
+    fns = [p.both for p in self.players.values()]
+    self._steps = jax.jit(lambda state, batch: [f(state, batch)
+                                                for f in fns])
+    self._compiled = None
+
+  def compile(self, state) -> None:
+    """Compiles everything :meth:`play` runs (see :meth:`Player.compile`).
+
+    Args:
+      state: a state of the task (shapes only matter).
+    """
+    batch = self.task.batch_at(int(state.data_position))
+    self._compiled = self._steps.lower(state, batch).compile()
+    outs = jax.eval_shape(self._steps, state, batch)
+    for p, out in zip(self.players.values(), outs):
+      p.compile_records(state, out[0])
+
+  def play(self, step: int, state) -> dict[str, list[dict]]:
+    """Every KUT's records of one checkpoint.
+
+    Args:
+      step: the checkpoint's step (stored in the records).
+      state: the restored golden state at that step.
+
+    Returns:
+      KUT spec -> ``[site records in execution order..., effect record]``.
+    """
+    batch = self.task.batch_at(int(state.data_position))
+    outs = (self._compiled or self._steps)(state, batch)
+    cache: dict = {}
+    return {k: p.records(step, state, out, _SharedReferences(
+        p._refs(), p.site_names, cache))  # pylint: disable=protected-access
+            for (k, p), out in zip(self.players.items(), outs)}
+
+
+def _check_specs(kut_specs) -> list[str]:
+  if isinstance(kut_specs, str):
+    kut_specs = [kut_specs]
+  specs = list(kut_specs)
+  if not specs or not all(isinstance(k, str) for k in specs):
+    raise PeatError(f"kut_specs must be one or more KUT spec strings; got "
+                    f"{kut_specs!r}")
+  twice = sorted({k for k in specs if specs.count(k) > 1})
+  if twice:
+    raise PeatError(f"KUT specs given more than once: {twice}; each KUT is "
+                    "played back once per checkpoint")
+  return specs
 
 
 def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
@@ -616,37 +753,93 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,
     CheckpointError: a checkpoint that cannot be restored (raised when its
       turn comes; the steps before it are recorded).
   """
+  return playback_many(task, golden_dir, [kut_spec],
+                       campaign_dir=campaign_dir, steps=steps, select=select,
+                       progress=progress, prefetch=prefetch)[kut_spec]
+
+
+def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
+                  kut_specs: Sequence[str], *,
+                  campaign_dir: str | os.PathLike | None = None,
+                  steps: Sequence[int] | None = None,
+                  select: str | Sequence[str] | None = None,
+                  progress: Callable[[str], None] | None = None,
+                  prefetch: int = 1) -> dict[str, PlaybackResult]:
+  """Playback FI of several KUTs together, one restore per checkpoint.
+
+  Each checkpoint is restored once and played by a :class:`PlayerGroup`:
+  the golden step and the float64 references run once for all KUTs, each
+  KUT's taps, substituted step and signatures once per KUT. The records of
+  every KUT go to the same ``playback.msgpack`` (records carry their
+  ``kut``) and equal, bitwise, what :func:`playback` of that KUT alone
+  writes; each KUT resumes on its own (a step is played when any KUT lacks
+  it, and recorded only for those).
+
+  Args:
+    task: the golden run's task.
+    golden_dir: the golden run's workdir (or its checkpoint directory).
+    kut_specs: distinct specs of :func:`peat_jax.kernels.kut.resolve_kut`.
+    campaign_dir, steps, select, progress, prefetch: as :func:`playback`.
+
+  Returns:
+    KUT spec -> its :class:`PlaybackResult` (``seconds_per_step`` is the
+    wall time of a checkpoint for all KUTs together).
+
+  Raises:
+    PeatError: as :func:`playback`; no spec or a repeated spec.
+    CheckpointError: as :func:`playback`.
+  """
+  specs = _check_specs(kut_specs)
   if not isinstance(prefetch, int) or prefetch < 0:
     raise PeatError(f"prefetch must be an int >= 0 (checkpoints restored "
                     f"ahead); got {prefetch!r}")
   say = progress or (lambda s: None)
-  ckpt, path, steps, todo = playback_plan(golden_dir, kut_spec, campaign_dir,
-                                          steps)
-  player = None
+  todo = {}
+  for k in specs:
+    ckpt, path, steps_k, todo[k] = playback_plan(golden_dir, k, campaign_dir,
+                                                 steps)
+  steps = steps_k
+  play = sorted(set().union(*map(set, todo.values())))
+  group = None
   timings = []
-  loader = _Prefetcher(ckpt, task, todo, prefetch)
+  loader = _Prefetcher(ckpt, task, play, prefetch)
   try:
-    for _ in todo:
+    for _ in play:
       t0 = time.perf_counter()
       s, state = loader.next()
-      if player is None:
-        player = Player(task, kut_spec, state,
-                        task.batch_at(int(state.data_position)),
-                        select=select)
-      recs = player.play(s, state)
-      append_records(path, recs)
+      if group is None:
+        group = PlayerGroup(task, specs, state,
+                            task.batch_at(int(state.data_position)),
+                            select=select)
+      recs = group.play(s, state)
+      for k in specs:
+        if s in todo[k]:
+          append_records(path, recs[k])
       timings.append(time.perf_counter() - t0)
-      sites, eff = recs[:-1], recs[-1]
-      worst = max(sites, key=lambda r: (
-          {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
-      say(f"playback step {s}: {len(sites)} sites, worst "
-          f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) "
-          f"at {worst['site']}; loss {eff['loss_golden']:.6g} -> "
-          f"{eff['loss_kut']:.6g} ({timings[-1]:.2f} s)")
+      for k in specs:
+        if s in todo[k]:
+          say(_step_line(s, recs[k], timings[-1], len(specs) > 1))
   finally:
     loader.close()
   for s in steps:
-    if s not in todo:
-      say(f"playback step {s}: done before, skipped")
-  return playback_result(path, steps, kut_spec,
-                         player.site_names if player else None, timings)
+    for k in specs:
+      if s not in todo[k]:
+        who = f" {k}" if len(specs) > 1 else ""
+        say(f"playback step {s}{who}: done before, skipped")
+  return {k: playback_result(
+      path, steps, k,
+      group.players[k].site_names if group else None, timings)
+          for k in specs}
+
+
+def _step_line(step: int, recs: list[dict], seconds: float,
+               named: bool) -> str:
+  """The progress line of one KUT at one checkpoint."""
+  sites, eff = recs[:-1], recs[-1]
+  worst = max(sites, key=lambda r: (
+      {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
+  who = f" {eff['kut']}" if named else ""
+  return (f"playback step {step}{who}: {len(sites)} sites, worst "
+          f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) "
+          f"at {worst['site']}; loss {eff['loss_golden']:.6g} -> "
+          f"{eff['loss_kut']:.6g} ({seconds:.2f} s)")

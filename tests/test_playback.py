@@ -184,3 +184,51 @@ def test_playback_records_do_not_depend_on_prefetch(run, tmp_path):
     assert [e["step"] for e in res.effects] == [0, 1]
     files.append((d / P.PLAYBACK_FILE).read_bytes())
   assert files[0] == files[1]
+
+
+def test_playback_many_refuses_bad_spec_lists(tmp_path):
+  with pytest.raises(peat.PeatError, match="more than once"):
+    P.playback_many(None, tmp_path, [SPEC, "golden", SPEC])
+  with pytest.raises(peat.PeatError, match="one or more KUT spec strings"):
+    P.playback_many(None, tmp_path, [])
+
+
+@pytest.mark.slow  # compiles three Players and two groups
+def test_playback_many_equals_each_kut_alone_and_resumes_per_kut(run,
+                                                                 tmp_path):
+  """Several KUTs played together (one golden step, shared references)
+  write, per KUT, the records of that KUT played alone, bitwise; a KUT
+  missing a step is replayed for that step only."""
+  task, g = run
+  # Two KUTs on the same dense site (its reference is shared), one on the
+  # convolutions.
+  specs = [SPEC, "native:matmul:in_bf16", "native:conv2d:in_bf16"]
+  together = tmp_path / "together"
+  res = P.playback_many(task, g.workdir, specs, campaign_dir=together,
+                        steps=[0, 1])
+  path = together / P.PLAYBACK_FILE
+  mine = lambda recs, k: [r for r in recs if r["kut"] == k]
+  for k in specs:
+    alone = P.playback(task, g.workdir, k, campaign_dir=tmp_path / "alone",
+                       steps=[0, 1])
+    assert msgpack.packb(res[k].records) == msgpack.packb(alone.records)
+    assert msgpack.packb(res[k].effects) == msgpack.packb(alone.effects)
+  models_of = {k: {r["diagnosis"]["model"] for r in res[k].records}
+               for k in specs}
+  assert models_of[SPEC] == {"truncation"}
+  assert models_of["native:conv2d:in_bf16"] == {"precision:bf16"}
+  # Resume: drop the first KUT's effect record of step 1.
+  recs = P.read_records(str(path))
+  P.rewrite_records(str(path), [
+      r for r in recs if not (r["kut"] == SPEC and r["step"] == 1
+                              and r["kind"] == "effect")])
+  lines = []
+  again = P.playback_many(task, g.workdir, specs, campaign_dir=together,
+                          steps=[0, 1], progress=lines.append)
+  played = [ln for ln in lines if "done before" not in ln]
+  assert len(played) == 1 and played[0].startswith(f"playback step 1 {SPEC}:")
+  assert sum("done before" in ln for ln in lines) == 5
+  after = P.read_records(str(path))
+  for k in specs:
+    assert msgpack.packb(again[k].records) == msgpack.packb(res[k].records)
+    assert len(mine(after, k)) == len(mine(recs, k))
