@@ -794,12 +794,11 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
     raise PeatError(f"prefetch must be an int >= 0 (checkpoints restored "
                     f"ahead); got {prefetch!r}")
   say = progress or (lambda s: None)
-  todo = {}
-  for k in specs:
-    ckpt, path, steps_k, todo[k] = playback_plan(golden_dir, k, campaign_dir,
-                                                 steps)
-  steps = steps_k
-  play = sorted(set().union(*map(set, todo.values())))
+  plans = {k: playback_plan(golden_dir, k, campaign_dir, steps)
+           for k in specs}
+  ckpt, path, steps, _ = plans[specs[0]]  # the same for every KUT
+  todo = {k: plan[3] for k, plan in plans.items()}
+  play = [s for s in steps if any(s in todo[k] for k in specs)]
   group = None
   timings = []
   loader = _Prefetcher(ckpt, task, play, prefetch)
