@@ -404,18 +404,7 @@ class Player:
     """
     batch = self.task.batch_at(int(state.data_position))
     self._compiled = self._steps.lower(state, batch).compile()
-    self.compile_records(state, jax.eval_shape(self._steps, state, batch)[0])
-
-  def compile_records(self, state, taps) -> None:
-    """Compiles the references, signatures and update difference.
-
-    Runs them once on seeded random arrays of the taps' shapes and dtypes.
-
-    Args:
-      state: a state of the task (shapes only matter).
-      taps: the taps' shapes (``jax.eval_shape`` of the steps' first
-        output).
-    """
+    taps = jax.eval_shape(self._steps, state, batch)[0]
     rng = np.random.default_rng(0)
 
     def fake(a):
@@ -531,19 +520,6 @@ class PlayerGroup:
     fns = [p.both for p in self.players.values()]
     self._steps = jax.jit(lambda state, batch: [f(state, batch)
                                                 for f in fns])
-    self._compiled = None
-
-  def compile(self, state) -> None:
-    """Compiles everything :meth:`play` runs (see :meth:`Player.compile`).
-
-    Args:
-      state: a state of the task (shapes only matter).
-    """
-    batch = self.task.batch_at(int(state.data_position))
-    self._compiled = self._steps.lower(state, batch).compile()
-    outs = jax.eval_shape(self._steps, state, batch)
-    for p, out in zip(self.players.values(), outs):
-      p.compile_records(state, out[0])
 
   def play(self, step: int, state) -> dict[str, list[dict]]:
     """Every KUT's records of one checkpoint.
@@ -556,7 +532,7 @@ class PlayerGroup:
       KUT spec -> ``[site records in execution order..., effect record]``.
     """
     batch = self.task.batch_at(int(state.data_position))
-    outs = (self._compiled or self._steps)(state, batch)
+    outs = self._steps(state, batch)
     cache: dict = {}
     return {k: p.records(step, state, out, _SharedReferences(
         p._refs(), p.site_names, cache))  # pylint: disable=protected-access
