@@ -175,9 +175,7 @@ void BlockedWith(ffi::ThreadPool* pool, int64_t m, int64_t n, int64_t k,
                  const float* a, const float* b, float* c) {
   constexpr int64_t kNc = TileCols(kNv * kLanes);
   const int64_t ti = (m + kMc - 1) / kMc, tj = (n + kNc - 1) / kNc;
-  // Below ~1 MFLOP a task hand-off costs more than it saves.
-  const bool parallel = 2.0 * m * n * k >= 1.0e6;
-  ParallelFor(pool, ti * tj, parallel, [&](int64_t u) {
+  ParallelFor(pool, ti * tj, WorthSharing(2.0 * m * n * k), [&](int64_t u) {
     const int64_t bi = u / tj, bj = u % tj;
     Tile<kFused, kMr, kNv>(bi * kMc, std::min(m, (bi + 1) * kMc), bj * kNc,
                            std::min(n, (bj + 1) * kNc), n, k, a, b, c);

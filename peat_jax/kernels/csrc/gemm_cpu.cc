@@ -94,7 +94,7 @@ template <typename Fn>
 void ForRowBlocks(ffi::ThreadPool* pool, int64_t m, int64_t n, int64_t k,
                   Fn&& fn) {
   constexpr int64_t kRows = 16;
-  ParallelFor(pool, (m + kRows - 1) / kRows, 2.0 * m * n * k >= 1.0e6,
+  ParallelFor(pool, (m + kRows - 1) / kRows, WorthSharing(2.0 * m * n * k),
               [&](int64_t u) {
                 fn(u * kRows, std::min(m, (u + 1) * kRows));
               });

@@ -65,9 +65,9 @@ ffi::Error MatmulDims(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b,
 
 // One batched product: out[b] = op(x[b]) * op(y[b]) where op transposes an
 // operand when its strides say so; x is (rows x inner), y is (inner x cols).
-// A product too small to share among threads by itself (below the GEMM
-// core's 1 MFLOP threshold) is computed whole by one thread, and the batch
-// is shared instead (the attention products of a small transformer: 64
+// A product too small to share among threads by itself (WorthSharing, the
+// GEMM core's rule) is computed whole by one thread, and the batch is
+// shared instead (the attention products of a small transformer: 64
 // products of 64 x 32 x 64). Either way every output element comes from the
 // same single-threaded arithmetic, so the result does not depend on it.
 void BatchedProduct(ffi::ThreadPool* pool, int32_t variant, int64_t tile,
@@ -78,7 +78,7 @@ void BatchedProduct(ffi::ThreadPool* pool, int32_t variant, int64_t tile,
   const double flops = 2.0 * rows * cols * inner;
   // threaded_nondet starts its own threads for every product.
   const bool share_batch = variant != kThreadedNondet && batch > 1 &&
-                           flops < 1.0e6 && batch * flops >= 1.0e6;
+                           !WorthSharing(flops) && WorthSharing(batch * flops);
   // Units: contiguous runs of batch items, at most 64, so that the scratch
   // buffers are allocated once per unit.
   const int64_t units = share_batch ? std::min<int64_t>(batch, 64) : 1;

@@ -43,6 +43,11 @@ inline void Work(Shared& sh) {
 
 }  // namespace parallel_internal
 
+// Whether a product of `flops` floating-point operations is worth sharing
+// among threads: below about 1 MFLOP a task hand-off costs more than it
+// saves. The GEMM core and the batched matmul decide with this one rule.
+inline bool WorthSharing(double flops) { return flops >= 1.0e6; }
+
 // Runs fn(u) for every u in [0, units): on the calling thread and, when
 // `pool` is given and `parallel` is true, on up to (cores - 1) tasks of the
 // pool. Returns once every unit is done. fn must not throw.
