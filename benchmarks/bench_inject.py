@@ -20,7 +20,7 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 
-from peat_jax import _inject as inj
+from peat_jax.injectors import _api as inj
 
 MODELS = (
     ("bitflip", {"count": 1}),

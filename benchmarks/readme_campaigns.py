@@ -5,7 +5,7 @@ Usage::
   python benchmarks/readme_campaigns.py [--workdir=/tmp/peat_readme] \
       [--only=cnn,gpt]
 
-Runs :func:`peat_jax._campaign.validate` (golden run, playback FI, runtime
+Runs :func:`peat_jax.profiler._campaign.validate` (golden run, playback FI, runtime
 FI, verdict, report) for native kernel variants on
 
 * vision pretraining: ``cnn`` (conv2d ``in_bf16`` and ``tile_edge_bug@12``);
@@ -36,7 +36,7 @@ from absl import flags
 from absl import logging
 
 import peat_jax as peat
-from peat_jax import _campaign
+from peat_jax.profiler import _campaign as _campaign
 from peat_jax import models
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/peat_readme_campaigns",

@@ -44,16 +44,16 @@ import jax.numpy as jnp
 import numpy as np
 
 import peat_jax as peat
-from peat_jax import _campaign
-from peat_jax import _composite
-from peat_jax import _sites
-from peat_jax._errors import PeatError
+from peat_jax.profiler import _campaign as _campaign
+from peat_jax.sites import _composite as _composite
+from peat_jax.sites import _discovery as _sites
+from peat_jax.core._errors import PeatError
 
 __all__ = ["Comparison", "Named", "Point", "StepComparison", "TORCH_LAYOUTS",
            "compare_named", "compare_port", "compare_train_step", "jax_side",
            "reference_side", "torch_adamw_step", "torch_side"]
 
-#: default noise-ratio threshold (as ``peat_jax._campaign.localize``).
+#: default noise-ratio threshold (as ``peat_jax.profiler._campaign.localize``).
 THRESHOLD = 2.0
 #: default floor of the torch side's relative RMS error vs the reference.
 FLOOR = 1e-6

@@ -7,7 +7,7 @@ Usage::
 
 Trains each source model for a few golden steps, taps the forward sites of
 matmul (Linear), convolution, softmax, layer norm, attention and GELU on the
-next batch, and runs :func:`peat_jax._calibration.run_calibration` on those
+next batch, and runs :func:`peat_jax.detector._calibration.run_calibration` on those
 inputs: tensor injectors, computation injectors and native kernel variants.
 Prints the confusion matrix, per-model accuracy, false alarms and misses.
 """
@@ -26,7 +26,7 @@ from jax import lax
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import _calibration
+from peat_jax.detector import _calibration as _calibration
 from peat_jax import models
 from peat_jax.kernels import native
 from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL

@@ -42,7 +42,7 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import _capture
+from peat_jax.profiler import _capture as _capture
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string(

@@ -35,7 +35,7 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import _campaign
+from peat_jax.profiler import _campaign as _campaign
 from peat_jax.kernels import kut as _kut
 
 _CAMPAIGN_DIR = flags.DEFINE_string(

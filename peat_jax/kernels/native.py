@@ -31,7 +31,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax._errors import PeatError
+from peat_jax.core._errors import PeatError
 from peat_jax.kernels import _ffi
 from peat_jax.kernels._variants import BROKEN_MODES
 from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL
@@ -354,7 +354,7 @@ def broken(x: jax.Array, w: jax.Array, out: jax.ShapeDtypeStruct, *,
   SIGABRT, ``hang`` sleeps until killed, ``oom`` allocates until an
   allocation fails (or its ``PEAT_BROKEN_OOM_CAP_MB`` cap, default 2048) and
   then raises RESOURCE_EXHAUSTED. Run it only in a worker process
-  (``peat_jax._isolate``): in-process it takes the caller down with it.
+  (``peat_jax.profiler._isolate``): in-process it takes the caller down with it.
 
   Args:
     x: first operand (any dtype; only passed through).

@@ -2,7 +2,7 @@
 
 import pytest
 
-from peat_jax import _campaign
+from peat_jax.profiler import _campaign as _campaign
 from peat_jax.tools import _cli
 from peat_jax.tools import runtime
 

@@ -1,0 +1,1 @@
+"""peat_jax.analyzer (facade: filled in by the split step)."""

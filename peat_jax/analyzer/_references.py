@@ -1,0 +1,318 @@
+"""float64 references: the ground truth for noise floors.
+
+For a site, the *reference* is the same operation computed in float64 from
+the site's inputs. Every helper here:
+
+* casts floating-point inputs (float16, bfloat16, float32, float64) to
+  float64 exactly (every narrower float is exactly representable);
+* runs the computation with x64 enabled only inside a scope
+  (`jax.enable_x64(True)`), so the caller's global config is untouched;
+* returns a host `numpy.ndarray` of dtype float64 (pass it to
+  `peat_jax.analyze(..., reference=...)`).
+
+`reference(fn, *args)` wraps any JAX function; the named helpers cover the
+kernels peat_jax knows: matmul / dot_general, conv, softmax, layer norm,
+attention, GELU and cross-entropy. `REFERENCES` maps kernel names to them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from peat_jax.core._errors import PeatError
+
+_FLOATS = (np.float16, np.float32, np.float64)
+
+
+def _is_float(dtype) -> bool:
+  dtype = np.dtype(dtype)
+  return dtype in [np.dtype(f) for f in _FLOATS] or dtype == np.dtype(
+      jnp.bfloat16)
+
+
+def _to_f64(x: Any, what: str) -> Any:
+  """Host float64 copy of a floating array; other arrays pass unchanged."""
+  if x is None or isinstance(x, (int, float, bool, str, tuple)):
+    return x
+  if not hasattr(x, "dtype"):
+    return x
+  dtype = np.dtype(x.dtype)
+  if _is_float(dtype):
+    return np.asarray(jax.device_get(x)).astype(np.float64)
+  if np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+    return np.asarray(jax.device_get(x))
+  raise PeatError(
+      f"{what} has dtype {dtype}; expected a floating-point (or integer "
+      "label / boolean mask) array. Fix: pass the site's real inputs.")
+
+
+def reference(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+  """Runs `fn` in float64 on float64 copies of its array arguments.
+
+  Args:
+    fn: a JAX function (jnp / lax operations).
+    *args: its positional arguments; floating arrays (any float dtype) are
+      cast to float64, integer and boolean arrays are passed unchanged,
+      other values pass through.
+    **kwargs: keyword arguments, treated like `args`.
+
+  Returns:
+    The output pytree with every array converted to host float64 numpy
+    arrays (integer outputs keep their dtype).
+
+  Raises:
+    PeatError: an argument array is neither floating, integer nor boolean.
+
+  >>> import numpy as np
+  >>> reference(lambda x: x * 3, np.float32(0.1)).dtype
+  dtype('float64')
+  """
+  a64 = [_to_f64(a, f"argument {i}") for i, a in enumerate(args)]
+  k64 = {k: _to_f64(v, f"argument {k!r}") for k, v in kwargs.items()}
+  with jax.enable_x64(True):
+    out = fn(*a64, **k64)
+    out = jax.tree.map(lambda y: np.asarray(jax.device_get(y)), out)
+  return jax.tree.map(
+      lambda y: y.astype(np.float64) if _is_float(y.dtype) else y, out)
+
+
+def _check_ndim(x, least: int, what: str):
+  if np.ndim(x) < least:
+    raise PeatError(f"{what} has shape {np.shape(x)}; expected at least "
+                    f"{least} dimensions. Fix: pass the site's input array.")
+
+
+def reference_matmul(a, b) -> np.ndarray:
+  """float64 `a @ b` (numpy matmul semantics, batch dims broadcast).
+
+  Args:
+    a: left operand (..., M, K).
+    b: right operand (..., K, N).
+
+  Returns:
+    float64 array (..., M, N).
+
+  Raises:
+    PeatError: contracting dimensions differ.
+  """
+  _check_ndim(a, 1, "a")
+  _check_ndim(b, 1, "b")
+  ka = np.shape(a)[-1]
+  kb = np.shape(b)[-2] if np.ndim(b) >= 2 else np.shape(b)[0]
+  if ka != kb:
+    raise PeatError(
+        f"matmul: expected a's last dimension ({ka}) to equal b's "
+        f"contracting dimension ({kb}); got shapes {np.shape(a)} and "
+        f"{np.shape(b)}. "
+        "Fix: pass the operands in the site's order.")
+  return reference(
+      lambda x, y: jnp.matmul(x, y, precision=lax.Precision.HIGHEST), a, b)
+
+
+def reference_dot_general(lhs, rhs, dimension_numbers) -> np.ndarray:
+  """float64 `lax.dot_general(lhs, rhs, dimension_numbers)`.
+
+  Args:
+    lhs: left operand.
+    rhs: right operand.
+    dimension_numbers: as for `lax.dot_general`.
+
+  Returns:
+    float64 array.
+  """
+  return reference(
+      lambda x, y: lax.dot_general(x, y, dimension_numbers,
+                                   precision=lax.Precision.HIGHEST),
+      lhs, rhs)
+
+
+def reference_conv(lhs, rhs, window_strides: Sequence[int],
+                   padding: str | Sequence[tuple[int, int]],
+                   lhs_dilation: Sequence[int] | None = None,
+                   rhs_dilation: Sequence[int] | None = None,
+                   dimension_numbers: Any = None,
+                   feature_group_count: int = 1) -> np.ndarray:
+  """float64 `lax.conv_general_dilated` with the same arguments.
+
+  Args:
+    lhs: input, e.g. NHWC with `dimension_numbers=("NHWC", "HWIO", "NHWC")`.
+    rhs: kernel.
+    window_strides: strides per spatial dimension.
+    padding: "SAME", "VALID" or explicit (low, high) pairs.
+    lhs_dilation: input dilation.
+    rhs_dilation: kernel dilation.
+    dimension_numbers: layouts (default NCHW / OIHW / NCHW as in lax).
+    feature_group_count: grouped convolution.
+
+  Returns:
+    float64 array.
+  """
+  return reference(
+      lambda x, w: lax.conv_general_dilated(
+          x, w, window_strides, padding, lhs_dilation=lhs_dilation,
+          rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
+          feature_group_count=feature_group_count,
+          precision=lax.Precision.HIGHEST), lhs, rhs)
+
+
+def reference_softmax(x, axis: int = -1) -> np.ndarray:
+  """float64 softmax along `axis` (max-subtracted, exact exp in float64).
+
+  Args:
+    x: logits.
+    axis: the normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+  return reference(lambda v: jax.nn.softmax(v, axis=axis), x)
+
+
+def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
+                         axis: int = -1) -> np.ndarray:
+  """float64 layer norm: (x - mean) / sqrt(var + eps) * scale + bias.
+
+  The variance is the biased (population) variance over `axis`, as in
+  `flax.nnx.LayerNorm`.
+
+  Args:
+    x: input.
+    scale: optional scale, broadcast against the normalized axis.
+    bias: optional bias.
+    eps: epsilon added to the variance.
+    axis: normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+
+  def f(v, s, b):
+    mu = jnp.mean(v, axis=axis, keepdims=True)
+    var = jnp.mean(jnp.square(v - mu), axis=axis, keepdims=True)
+    y = (v - mu) * lax.rsqrt(var + eps)
+    if s is not None:
+      y = y * s
+    if b is not None:
+      y = y + b
+    return y
+
+  return reference(f, x, scale, bias)
+
+
+def reference_attention(q, k, v, mask=None, scale: float | None = None,
+                        bias=None) -> np.ndarray:
+  """float64 dot-product attention in Flax's layout.
+
+  out[b, t, h, :] = sum_s softmax_s(scale * <q[b,t,h], k[b,s,h]> + bias
+  (masked: -inf where mask is False)) v[b, s, h, :].
+
+  Args:
+    q: queries (B, T, H, D).
+    k: keys (B, S, H, D).
+    v: values (B, S, H, Dv).
+    mask: optional boolean mask broadcastable to (B, H, T, S); True keeps.
+    scale: logit scale (default 1 / sqrt(D)).
+    bias: optional additive logit bias broadcastable to (B, H, T, S).
+
+  Returns:
+    float64 array (B, T, H, Dv).
+
+  Raises:
+    PeatError: q, k, v are not 4-D or their dimensions disagree.
+  """
+  for name, x in (("q", q), ("k", k), ("v", v)):
+    if np.ndim(x) != 4:
+      raise PeatError(
+          f"attention: {name} has shape {np.shape(x)}; expected 4-D (batch, "
+          "length, heads, head_dim) as in flax. Fix: reshape to that layout.")
+  if np.shape(q)[-1] != np.shape(k)[-1] or np.shape(k)[1] != np.shape(v)[1]:
+    raise PeatError(
+        f"attention: q {np.shape(q)}, k {np.shape(k)}, v {np.shape(v)} "
+        "disagree; expected q and k to share head_dim and k and v to share "
+        "length. Fix: pass the site's q, k, v in that order.")
+  sc = 1.0 / math.sqrt(np.shape(q)[-1]) if scale is None else float(scale)
+
+  def f(qq, kk, vv, m, bb):
+    hp = lax.Precision.HIGHEST
+    logits = jnp.einsum("bthd,bshd->bhts", qq, kk, precision=hp) * sc
+    if bb is not None:
+      logits = logits + bb
+    if m is not None:
+      logits = jnp.where(m, logits, -jnp.inf)
+    w = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bhts,bshd->bthd", w, vv, precision=hp)
+
+  return reference(f, q, k, v, mask, bias)
+
+
+def reference_gelu(x, approximate: bool = False) -> np.ndarray:
+  """float64 GELU: x * Phi(x) (erf form) or the tanh approximation.
+
+  Args:
+    x: input.
+    approximate: use 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as
+      `jax.nn.gelu(approximate=True)` (its default) does.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  return reference(lambda v: jax.nn.gelu(v, approximate=approximate), x)
+
+
+def reference_cross_entropy(logits, labels) -> np.ndarray:
+  """float64 per-example softmax cross-entropy over the last axis.
+
+  Args:
+    logits: (..., K).
+    labels: integer class ids (...) or float targets (..., K) (one-hot or
+      probabilities).
+
+  Returns:
+    float64 losses (...): logsumexp(logits) - logits[label], or
+    -sum(targets * log_softmax(logits)).
+
+  Raises:
+    PeatError: labels' shape fits neither form.
+  """
+  _check_ndim(logits, 1, "logits")
+  ls, lb = np.shape(logits), np.shape(labels)
+  int_labels = np.issubdtype(np.asarray(labels).dtype, np.integer)
+  if int_labels and lb != ls[:-1]:
+    raise PeatError(
+        f"cross_entropy: integer labels have shape {lb}; expected {ls[:-1]}"
+        " (logits' shape without the class axis). Fix: pass class ids.")
+  if not int_labels and lb != ls:
+    raise PeatError(
+        f"cross_entropy: float targets have shape {lb}; expected {ls}. Fix:"
+        " pass one-hot or probability targets, or integer class ids.")
+
+  def f(z, y):
+    logp = jax.nn.log_softmax(z, axis=-1)
+    if int_labels:
+      return -jnp.take_along_axis(logp, y[..., None].astype(jnp.int32),
+                                  axis=-1)[..., 0]
+    return -jnp.sum(y * logp, axis=-1)
+
+  return reference(f, logits, labels)
+
+
+#: Kernel name -> float64 reference helper.
+REFERENCES: dict[str, Callable[..., np.ndarray]] = {
+    "matmul": reference_matmul,
+    "dot_general": reference_dot_general,
+    "conv": reference_conv,
+    "conv_general_dilated": reference_conv,
+    "softmax": reference_softmax,
+    "layer_norm": reference_layer_norm,
+    "attention": reference_attention,
+    "gelu": reference_gelu,
+    "cross_entropy": reference_cross_entropy,
+}

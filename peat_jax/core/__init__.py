@@ -1,0 +1,1 @@
+"""peat_jax.core (facade: filled in by the split step)."""

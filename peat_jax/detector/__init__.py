@@ -1,0 +1,1 @@
+"""peat_jax.detector (facade: filled in by the split step)."""

@@ -1,0 +1,294 @@
+"""Detector calibration: errors of known cause -> confusion matrix.
+
+A calibration *case* is one kernel call on realistic inputs (typically site
+inputs captured from a model's training with :func:`peat_jax.tap`), its
+golden function and, where one exists, a native kernel under test. Errors of
+known cause come from three sources:
+
+* tensor injectors (``peat.inject``) applied to the golden output;
+* computation injectors (``peat.injecting_kernel``: accumulation in a narrow
+  format, another summation order, a key-dependent order) on GEMM kernels;
+* the native kernels' variants (``peat_jax.kernels.native``), whose expected
+  error model is ``EXPECTED_ERROR_MODEL``.
+
+Each produced output is analyzed against the golden output with the float64
+reference, diagnosed, and counted in a confusion matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import jax
+from jax import lax
+import jax.numpy as jnp
+import numpy as np
+
+from peat_jax.analyzer import _signature as _analyzer
+from peat_jax.detector import _detect as _detector
+from peat_jax.injectors import _api as _inject
+from peat_jax.analyzer import _references as _reference
+from peat_jax.core._errors import PeatError
+
+#: Predicted models that count as "no fault" for miss / false-alarm rates.
+BENIGN = ("exact", "reordering")
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationCase:
+  """One kernel call on realistic inputs.
+
+  Attributes:
+    kernel: ``matmul``, ``conv``, ``softmax``, ``layer_norm``,
+      ``attention`` or ``gelu``.
+    source: where the inputs came from (e.g. a site name).
+    golden_fn: ``(*inputs) -> output`` with golden JAX kernels.
+    inputs: the inputs (float arrays; masks/labels allowed).
+    reduction: reduction length of the kernel (K of a matmul, D of a
+      softmax), given to the Detector as context.
+    native: ``variant -> callable(*inputs)`` for native KUTs, or None.
+    native_variants: ``{variant: expected model}`` for ``native``.
+  """
+
+  kernel: str
+  source: str
+  golden_fn: Callable[..., jax.Array]
+  inputs: tuple
+  reduction: int | None = None
+  native: Callable[[str], Callable[..., jax.Array]] | None = None
+  native_variants: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+class CalibrationRecord(NamedTuple):
+  """One produced error and its diagnosis."""
+
+  kernel: str
+  source: str
+  dtype: str
+  origin: str  # "inject", "compute" or "native"
+  error: str  # injector name / variant
+  expected: str
+  predicted: str
+  confidence: float
+  verdict: str
+  evidence: str
+
+
+class CalibrationResult(NamedTuple):
+  """Confusion matrix and rates of a calibration run."""
+
+  records: tuple[CalibrationRecord, ...]
+  labels: tuple[str, ...]
+  confusion: np.ndarray  # [expected, predicted] counts
+  accuracy: float
+  per_model: Mapping[str, float]
+  false_alarms: int
+  benign_cases: int
+  misses: int
+  fault_cases: int
+
+  def table(self) -> str:
+    """The confusion matrix as fixed-width text (rows expected)."""
+    short = [l.replace("precision:", "prec:").replace("accumulation:", "acc:")
+             for l in self.labels]
+    width = max(len(s) for s in short) + 1
+    head = " " * width + " ".join(f"{i:>3d}" for i in range(len(short)))
+    lines = [head]
+    for i, s in enumerate(short):
+      row = " ".join(f"{int(c):>3d}" if c else "  ." for c in self.confusion[i])
+      lines.append(f"{s:<{width}}{row}   {i:>2d} {self.per_model.get(self.labels[i], float('nan')):.0%}"
+                   if self.confusion[i].sum() else f"{s:<{width}}{row}   {i:>2d}")
+    return "\n".join(lines)
+
+  def summary(self) -> str:
+    """One paragraph of rates."""
+    return (f"{len(self.records)} cases, top-1 accuracy {self.accuracy:.1%}; "
+            f"false alarms {self.false_alarms}/{self.benign_cases} "
+            f"(exact/reordering diagnosed as a fault); misses "
+            f"{self.misses}/{self.fault_cases} (a fault diagnosed as "
+            "exact/reordering)")
+
+
+#: (sign bit, first exponent bit) of each dtype's bit layout.
+_LAYOUT = {"float32": (31, 23), "bfloat16": (15, 7), "float16": (15, 10)}
+
+
+def _injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
+                ) -> list[tuple[str, str, dict[str, Any]]]:
+  """(expected model, injector name, params) for tensor injections.
+
+  Bit positions are drawn in the upper mantissa, exponent and sign (a flip
+  in the lowest mantissa bits is rounding-sized and, by design, passes).
+  """
+  size = int(np.prod(shape))
+  cols = shape[-1]
+  sign, exp0 = _LAYOUT[dtype]
+  out = [
+      ("exact", "exact", {}),
+      ("bitflip", "bitflip", {"count": int(rng.integers(1, 6)),
+                              "bits": int(rng.integers(max(3, exp0 - 9),
+                                                       sign))}),
+      ("bitflip", "bitflip", {"count": 2, "field_weights": None}),
+      ("stuck_at", "stuck_at", {"bit": int(rng.integers(exp0 // 2, exp0)),
+                                "value": 1, "share": 0.2}),
+      ("stuck_at", "stuck_at", {"bit": int(rng.integers(exp0, sign - 1)),
+                                "value": 0, "share": 0.3}),
+      ("random_value", "random_value", {"count": int(rng.integers(2, 8))}),
+      ("zero", "zero", {"mode": "elements", "count": 20}),
+      ("nan", "nan", {"count": 3, "kind": "nan"}),
+      ("scale", "scale", {"factor": float(rng.choice([0.5, 0.125, 3.0]))}),
+      ("truncation", "truncation", {"fmt": "bf16"}),
+      ("ftz", "ftz", {"fmt": "fp16"}),
+  ]
+  # Rounding into a format at least as precise as the data changes almost
+  # nothing (only out-of-range values): such a "precision loss" is no case.
+  own = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
+  for fmt in ("bf16", "fp16", "fp8_e4m3"):
+    if _detector.UNIT_ROUNDOFF[fmt] > own:
+      out.append((f"precision:{fmt}", f"precision:{fmt}", {}))
+  if len(shape) >= 2 and shape[-2] >= 8 and cols >= 8:
+    out.append(("zero", "zero", {"mode": "rows", "count": 1}))
+  if len(shape) >= 2 and shape[-2] >= 16 and cols >= 16:
+    out.append(("zero", "zero", {"mode": "tiles", "count": 1}))
+  if cols >= 64 and size >= 4 * cols:
+    out.append(("lane", "lane", {"stride": 32, "lane": int(rng.integers(32)),
+                                 "axis": -1, "effect": "zero"}))
+    out.append(("lane", "lane", {"stride": 32, "lane": int(rng.integers(32)),
+                                 "axis": -1, "effect": "scale",
+                                 "factor": 3.0}))
+  if cols >= 16:
+    out.append(("indexing", "indexing", {"mode": "shift", "shift": 1}))
+  out.append(("indexing", "indexing", {"mode": "permutation", "count": 64}))
+  return out
+
+
+def _uint(dtype):
+  return {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[jnp.dtype(dtype).itemsize]
+
+
+def _diagnose(t, g, r, context, repeat=None, dtype=None):
+  sig = _analyzer.analyze(t, g, r)
+  rep = None if repeat is None else _analyzer.analyze(repeat, t)
+  return _detector.detect(sig, repeat=rep, dtype=dtype, context=context)
+
+
+def run_calibration(cases: Sequence[CalibrationCase], *,
+                    dtypes: Sequence[str] = ("float32",), seeds: Sequence[int] = (0,),
+                    native: bool = True, compute: bool = True,
+                    progress: Callable[[str], None] | None = None,
+                    ) -> CalibrationResult:
+  """Produces errors of known cause on each case and diagnoses them.
+
+  Args:
+    cases: kernel calls on realistic inputs.
+    dtypes: input dtypes to run each case in (``float32``, ``bfloat16``,
+      ``float16``); native variants and computation injectors run in float32.
+    seeds: one round of tensor injections per seed.
+    native: include the native kernel variants.
+    compute: include the computation injectors on GEMM kernels.
+    progress: called with one line per case.
+
+  Returns:
+    A :class:`CalibrationResult`.
+
+  Raises:
+    PeatError: no cases.
+  """
+  if not cases:
+    raise PeatError("run_calibration needs at least one CalibrationCase")
+  records: list[CalibrationRecord] = []
+
+  def add(case, dtype, origin, error, expected, diag):
+    records.append(CalibrationRecord(
+        case.kernel, case.source, dtype, origin, error, expected, diag.model,
+        float(diag.confidence), diag.verdict, diag.evidence))
+
+  for case in cases:
+    context = {"kernel": case.kernel, "reduction": case.reduction}
+    for dtype in dtypes:
+      dt = jnp.dtype(dtype)
+      inputs = tuple(jnp.asarray(x).astype(dt)
+                     if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+                     else jnp.asarray(x) for x in case.inputs)
+      g = jax.jit(case.golden_fn)(*inputs)
+      r = _reference.reference(case.golden_fn, *inputs)
+      for seed in seeds:
+        rng = np.random.default_rng(
+            [seed, len(records), int(np.prod(g.shape))])
+        for k, (expected, name, params) in enumerate(
+            _injections(rng, tuple(g.shape), dtype)):
+          key = jax.random.PRNGKey(1000 * seed + k)
+          t = _inject.inject(name, key, g, **params)
+          if bool(jnp.all(lax.bitcast_convert_type(t, _uint(t.dtype)) ==
+                          lax.bitcast_convert_type(g, _uint(g.dtype)))):
+            expected = "exact"  # the fault hit values it does not change
+          add(case, dtype, "inject", f"{name} {params}", expected,
+              _diagnose(t, g, r, context, dtype=dt))
+      if dtype != "float32":
+        continue
+      if compute and case.kernel in ("matmul", "conv"):
+        for expected, name, params in (
+            ("accumulation:fp16", "accumulation:fp16", {"chunk": 1}),
+            ("accumulation:bf16", "accumulation:bf16", {"chunk": 1}),
+            ("reordering", "reordering", {"blocks": 4}),
+            ("nondeterminism", "nondeterminism", {"blocks": 8})):
+          kut = _inject.injecting_kernel(name, case.golden_fn, where="fwd",
+                                         **params)
+          t = jax.jit(kut)(*inputs, inject_key=jax.random.PRNGKey(1))
+          rep = (jax.jit(kut)(*inputs, inject_key=jax.random.PRNGKey(2))
+                 if name == "nondeterminism" else None)
+          add(case, dtype, "compute", name, expected,
+              _diagnose(t, g, r, context, repeat=rep))
+      if native and case.native is not None:
+        default = case.native("default")(*inputs)
+        for variant, expected in case.native_variants.items():
+          fn = case.native(variant)
+          t = fn(*inputs)
+          if variant != "default" and expected != "nondeterminism" and bool(
+              jnp.all(t == default)):
+            # The variant's difference never triggered on these inputs (no
+            # subnormals for ftz, no cancellation, a width the tile
+            # divides): it is the default kernel here.
+            expected = case.native_variants.get("default", "reordering")
+          rep = fn(*inputs) if expected == "nondeterminism" else None
+          if expected == "nondeterminism":
+            for _ in range(200):  # thread timing: retry until it shows
+              if not bool(jnp.all(rep == t)):
+                break
+              rep = fn(*inputs)
+          add(case, dtype, "native", variant, expected,
+              _diagnose(t, g, r, context, repeat=rep))
+    if progress:
+      progress(f"{case.kernel:10s} {case.source}: {len(records)} cases so far")
+  return _summarize(records)
+
+
+def is_correct(r: CalibrationRecord) -> bool:
+  """Right model; a kernel expected to reorder that is bitwise golden is
+  right too (its order happened to match the golden one)."""
+  return r.expected == r.predicted or (
+      r.expected == "reordering" and r.predicted == "exact")
+
+
+def _summarize(records: list[CalibrationRecord]) -> CalibrationResult:
+  labels = sorted({r.expected for r in records} | {r.predicted for r in records},
+                  key=lambda l: (l not in BENIGN, l))
+  index = {l: i for i, l in enumerate(labels)}
+  confusion = np.zeros((len(labels), len(labels)), np.int64)
+  for r in records:
+    confusion[index[r.expected], index[r.predicted]] += 1
+  correct = sum(is_correct(r) for r in records)
+  per_model = {}
+  for l in labels:
+    rows = [r for r in records if r.expected == l]
+    if rows:
+      per_model[l] = sum(is_correct(r) for r in rows) / len(rows)
+  benign = [r for r in records if r.expected in BENIGN]
+  faults = [r for r in records if r.expected in _detector.FAULT_MODELS]
+  false_alarms = sum(r.predicted.split(":")[0] in _detector.FAULT_MODELS
+                     for r in benign)
+  misses = sum(r.predicted in BENIGN for r in faults)
+  return CalibrationResult(
+      tuple(records), tuple(labels), confusion, correct / len(records),
+      per_model, false_alarms, len(benign), misses, len(faults))

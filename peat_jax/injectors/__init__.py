@@ -1,0 +1,1 @@
+"""peat_jax.injectors (facade: filled in by the split step)."""

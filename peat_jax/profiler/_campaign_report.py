@@ -1,0 +1,221 @@
+"""Report data of a campaign, built from the record files on disk.
+
+:func:`report_data` assembles the report schema (docs/report.md) from site
+records, playback effects and runtime runs; :func:`load_report_data` reads
+them from a campaign directory (``campaign.json``, ``playback.msgpack``,
+``ops.msgpack``, ``runtime.msgpack``, the crash findings of isolated runs,
+``golden/run.json``) and
+:func:`rebuild_report` rewrites ``report.html`` / ``report.json`` from them,
+so a report can be remade without rerunning anything (after an interrupted
+campaign, after op-level playback, or with another KUT of the same files).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from typing import Any, NamedTuple, Sequence
+
+from peat_jax.profiler import _campaign as _campaign
+from peat_jax.profiler import _isolate as _isolate
+from peat_jax.report import _html as _report
+from peat_jax.core._errors import PeatError
+from peat_jax.profiler._oplevel import OPS_FILE
+
+SOURCES = ("auto", "playback", "ops")
+
+
+def report_data(*, kut: str, scenario: str, records: Sequence[dict],
+                sites: Sequence[str], effects: Sequence[dict] = (),
+                runtime: Sequence[dict] | None = None,
+                runtime_spread: dict | None = None,
+                findings: Sequence[dict] = (),
+                settings: dict | None = None,
+                title: str | None = None) -> dict:
+  """The report data (docs/report.md schema) of one KUT's records.
+
+  Args:
+    kut: the KUT spec.
+    scenario: the scenario label.
+    records: site records (``kind == "site"``) of that KUT.
+    sites: site names in execution order.
+    effects: playback effect records (``kind == "effect"``).
+    runtime: runtime runs in the report's ``runtime`` schema, or None.
+    runtime_spread: ``{"steps", "loss_spread"}`` or None.
+    findings: crash and hang findings of process-isolated runs (they fail
+      the verdict).
+    settings: shown in the report's settings table.
+    title: default ``"peat_jax validation: <kut> on <scenario>"``.
+
+  Returns:
+    The data mapping for :func:`peat_jax.write_report`.
+
+  Raises:
+    PeatError: no site record and no finding.
+  """
+  if not records and not findings:
+    raise PeatError(f"no site record of KUT {kut!r}: nothing to report; run "
+                    "playback (or op-level playback) first")
+  diags = {(r["site"], r["step"]): _campaign.diagnosis_of(r) for r in records}
+  verdict = _campaign._verdict_data(diags, list(findings))  # pylint: disable=W0212
+  effects = sorted(effects, key=lambda e: e["step"])
+  entries = _campaign._site_entries(records, sites)  # pylint: disable=W0212
+  return {
+      "title": title or f"peat_jax validation: {kut} on {scenario}",
+      "kut": kut, "scenario": scenario,
+      "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
+          timespec="seconds"),
+      "verdict": verdict,
+      "crashes": list(findings),
+      "sites": entries,
+      "localization": _campaign.localize(records, sites),
+      "playback": {
+          "steps": [e["step"] for e in effects],
+          "loss_golden": [e["loss_golden"] for e in effects],
+          "loss_kut": [e["loss_kut"] for e in effects],
+          "grad_rel_diff": [e["grad_rel_diff"] for e in effects],
+          "update_rel_diff": [e["update_rel_diff"] for e in effects]}
+                  if effects else None,
+      "runtime": list(runtime) if runtime else None,
+      "runtime_spread": runtime_spread if runtime else None,
+      "settings": dict(settings or {}),
+  }
+
+
+def _read_json(path: str) -> dict:
+  if not os.path.exists(path):
+    return {}
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise PeatError(f"{path} is not readable JSON ({e})") from e
+
+
+def _order(records: Sequence[dict]) -> list[str]:
+  out: list[str] = []
+  for r in records:
+    if r["site"] not in out:
+      out.append(r["site"])
+  return out
+
+
+def _runtime_runs(records: Sequence[dict], kut: str, settings: dict
+                  ) -> tuple[list | None, dict | None]:
+  """Runtime runs of a KUT in the report schema (the campaign's group)."""
+  recs = [r for r in records if r.get("kut") == kut]
+  if not recs:
+    return None, None
+  n = settings.get("runtime_steps", recs[-1]["n"])
+  start = recs[-1]["start"] if not settings else 0
+  group = {r["name"]: r for r in recs if r["n"] == n and r["start"] == start}
+  if "golden" not in group or "spread" not in group:
+    return None, None
+  freqs = (settings["frequencies"].split(",") if settings.get("frequencies")
+           else [k for k in group if k not in ("golden", "spread")])
+  steps = list(range(start, start + n))
+  golden = group["golden"]["loss"]
+  runs = [{"frequency": group[f]["label"], "steps": steps,
+           "loss": group[f]["loss"], "golden_loss": golden,
+           "diverged_at": group[f]["diverged_at"],
+           "reason": group[f]["reason"]} for f in freqs if f in group]
+  if not runs:
+    return None, None
+  return runs, {"steps": steps, "loss_spread": group["spread"]["loss"]}
+
+
+def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
+                     source: str = "auto") -> dict:
+  """Builds the report data of a campaign directory from its files.
+
+  Args:
+    directory: the campaign directory.
+    kut: the KUT to report (default: ``campaign.json``'s, or the only KUT
+      in the record file).
+    source: ``"playback"`` (``playback.msgpack``), ``"ops"``
+      (``ops.msgpack``, op-level playback) or ``"auto"`` (playback records
+      when there are any, else op-level ones).
+
+  Returns:
+    The report data.
+
+  Raises:
+    PeatError: a missing directory, an unknown source, no record, several
+      KUTs and no ``kut``.
+  """
+  d = os.path.abspath(os.fspath(directory))
+  if not os.path.isdir(d):
+    raise PeatError(f"campaign directory {d} does not exist")
+  if source not in SOURCES:
+    raise PeatError(f"source must be one of {SOURCES}; got {source!r}")
+  settings = _read_json(os.path.join(d, _campaign.SETTINGS_FILE))
+  run = _read_json(os.path.join(d, "golden", "run.json"))
+  pb = _campaign.read_records(os.path.join(d, _campaign.PLAYBACK_FILE))
+  ops = _campaign.read_records(os.path.join(d, OPS_FILE))
+  if source == "auto":
+    source = "playback" if any(r.get("kind") == "site" for r in pb) else "ops"
+  recs = pb if source == "playback" else ops
+  sites = [r for r in recs if r.get("kind") == "site"]
+  kuts = sorted({r["kut"] for r in sites})
+  kut = kut or settings.get("kut")
+  if kut is None:
+    if len(kuts) != 1:
+      raise PeatError(
+          f"{d}: expected the records of one KUT in its {source} records, "
+          f"found {kuts or 'none'}. Fix: pass the KUT to report (--kut)")
+    kut = kuts[0]
+  sites = [r for r in sites if r["kut"] == kut]
+  findings = _isolate.read_findings(d, kut) if source == "playback" else []
+  if not sites and not findings:
+    raise PeatError(f"{d} holds no {source} record of KUT {kut!r} (KUTs "
+                    f"there: {kuts}); run playback first")
+  effects = [r for r in recs if r.get("kind") == "effect"
+             and r.get("kut") == kut]
+  rt, spread = _runtime_runs(
+      _campaign.read_records(os.path.join(d, _campaign.RUNTIME_FILE)), kut,
+      settings)
+  scenario = settings.get("scenario") or run.get("task") or "unknown"
+  shown = {k: v for k, v in settings.items() if k != "task_config"}
+  shown.setdefault("records", f"{source} ({len(sites)} site records)")
+  sites.sort(key=lambda r: r["step"])
+  return report_data(kut=kut, scenario=scenario, records=sites,
+                     sites=_order(sites), effects=effects, runtime=rt,
+                     runtime_spread=spread, findings=findings, settings=shown)
+
+
+class Rebuilt(NamedTuple):
+  """What :func:`rebuild_report` wrote.
+
+  Attributes:
+    html: ``report.html``.
+    json: ``report.json``.
+    verdict: the KUT's verdict.
+    data: the report data.
+  """
+
+  html: str
+  json: str
+  verdict: str
+  data: dict
+
+
+def rebuild_report(directory: str | os.PathLike, *, kut: str | None = None,
+                   source: str = "auto") -> Rebuilt:
+  """Rewrites a campaign's ``report.html`` and ``report.json`` from its files.
+
+  Args:
+    directory: the campaign directory.
+    kut: see :func:`load_report_data`.
+    source: see :func:`load_report_data`.
+
+  Returns:
+    :class:`Rebuilt`.
+
+  Raises:
+    PeatError: as :func:`load_report_data`.
+  """
+  data: dict[str, Any] = load_report_data(directory, kut=kut, source=source)
+  paths = _report.write_report(data, os.fspath(directory))
+  return Rebuilt(str(paths.html), str(paths.json),
+                 data["verdict"]["verdict"], data)

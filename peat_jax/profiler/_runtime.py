@@ -1,0 +1,228 @@
+"""Runtime FI: train with the KUT at a frequency, compare with golden.
+
+Each frequency (every call, every n-th step, a seeded fraction of calls)
+trains from a golden checkpoint with the KUT substituted; losses are
+compared with the golden trajectory against the golden run's own
+seed-to-seed spread, and the first divergent step is reported.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import numpy as np
+
+from peat_jax.profiler import _golden as _golden
+from peat_jax.sites import _substitution as _sites_subst
+from peat_jax.core._errors import PeatError
+from peat_jax.profiler._playback import select_calls
+from peat_jax.profiler._records import RUNTIME_FILE
+from peat_jax.profiler._records import append_records
+from peat_jax.profiler._records import read_records
+from peat_jax.profiler._train_state import TrainTask
+
+
+def parse_frequency(freq: str) -> tuple[Any, str]:
+  """``every`` / ``every_<n>`` / ``fraction_<p>`` -> (schedule, label)."""
+  if freq == "every":
+    return _sites_subst.EveryCall(), "every call"
+  if freq.startswith("every_"):
+    try:
+      n = int(freq[6:])
+    except ValueError:
+      n = 0
+    if n >= 1:
+      return _sites_subst.EveryNSteps(n), f"every {n}th step"
+  if freq.startswith("fraction_"):
+    try:
+      p = float(freq[9:])
+    except ValueError:
+      p = -1.0
+    if 0.0 < p <= 1.0:
+      return _sites_subst.Fraction(p, seed=0), f"{p:.0%} of calls (seed 0)"
+  raise PeatError(f"unknown frequency {freq!r}; expected 'every', "
+                  "'every_<n>' (n >= 1) or 'fraction_<p>' (0 < p <= 1), e.g. "
+                  "'every_4', 'fraction_0.25'")
+
+
+def _train(step, state, batch_at, n: int) -> list[float]:
+  losses = []
+  for _ in range(n):
+    state, m = step(state, batch_at(int(state.data_position)))
+    losses.append(float(m["loss"]))
+  return losses
+
+
+def envelope(spread: Sequence[float], window: int = 10) -> np.ndarray:
+  """Running max of the golden seed-to-seed loss spread over a window."""
+  s = np.asarray(spread, np.float64)
+  return np.array([s[max(0, i - window + 1):i + 1].max() if len(s) else 0.0
+                   for i in range(len(s))])
+
+
+def divergence(loss: Sequence[float], golden: Sequence[float],
+               env: Sequence[float], *, consecutive: int = 5,
+               factor: float = 3.0) -> tuple[int | None, str | None]:
+  """First divergent index and why (None, None when the run stays close).
+
+  Divergent: non-finite loss; loss above 10x golden; or |loss - golden|
+  beyond ``factor`` x the envelope for ``consecutive`` steps in a row (the
+  first of them is reported).
+  """
+  run = 0
+  for i, (l, g, e) in enumerate(zip(loss, golden, env)):
+    if not math.isfinite(l):
+      return i, f"loss is {l} (non-finite)"
+    if l > 10 * abs(g):
+      return i, f"loss {l:.4g} > 10x golden {g:.4g}"
+    run = run + 1 if abs(l - g) > factor * e else 0
+    if run >= consecutive:
+      j = i - consecutive + 1
+      return j, (f"|loss - golden| beyond {factor:g}x the seed-to-seed "
+                 f"envelope for {consecutive} consecutive steps from step "
+                 f"{j}")
+  return None, None
+
+
+class RuntimeResult(NamedTuple):
+  """What :func:`runtime` recorded.
+
+  Attributes:
+    runs: one mapping per frequency in the report's ``runtime`` schema.
+    spread: ``{"steps", "loss_spread"}`` (golden seed-to-seed spread).
+    golden_loss: golden losses from the start state.
+  """
+
+  runs: list
+  spread: dict
+  golden_loss: list
+
+
+def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
+                    byname: dict, keep: Callable[[str, dict], None],
+                    golden_step: Callable, fresh_state: Callable[[int], Any],
+                    state0, batch_at: Callable, steps: int, start_step: int,
+                    seeds: Sequence[int], kut_step: Callable[[Any], Callable],
+                    say: Callable[[str], None], where: str = ""
+                    ) -> RuntimeResult:
+  """The runtime FI loop shared by :func:`runtime` and data-parallel runs.
+
+  Trains the golden trajectory and the seed-to-seed spread (unless
+  recorded), then each frequency not yet recorded, and keeps each result
+  as soon as it exists.
+
+  Args:
+    scheds: ``(name, schedule, label)`` per frequency.
+    byname: the records already kept, by name (``keep`` adds to it).
+    keep: ``keep(name, fields)`` appends one record and adds it to byname.
+    golden_step: the golden train step.
+    fresh_state: ``fresh_state(seed)``: a freshly initialised state.
+    state0: the start state (the golden checkpoint ``start_step``).
+    batch_at: batch at a data position.
+    steps: steps per run.
+    start_step: the first step's number.
+    seeds: seeds of the spread.
+    kut_step: ``kut_step(schedule)``: the step with the KUT at that
+      schedule (built only for frequencies still to run).
+    say: progress lines.
+    where: appended to a frequency's label in its progress line.
+
+  Returns:
+    A :class:`RuntimeResult`.
+  """
+  if "golden" not in byname:
+    keep("golden", {"loss": _train(golden_step, state0, batch_at, steps)})
+  golden = byname["golden"]["loss"]
+  if "spread" not in byname:
+    seed_losses = [_train(golden_step, fresh_state(seed), batch_at, steps)
+                   for seed in seeds]
+    base = (golden if start_step == 0 else
+            _train(golden_step, fresh_state(0), batch_at, steps))
+    sp = np.max([np.abs(np.asarray(l) - np.asarray(base))
+                 for l in seed_losses], axis=0).tolist()
+    keep("spread", {"loss": sp})
+  spread = byname["spread"]["loss"]
+  env = envelope(spread)
+  step_ids = list(range(start_step, start_step + steps))
+  runs = []
+  for f, sched, label in scheds:
+    if f not in byname:
+      t0 = time.perf_counter()
+      loss = _train(kut_step(sched), state0, batch_at, steps)
+      at, why = divergence(loss, golden, env)
+      keep(f, {"loss": loss, "label": label,
+               "diverged_at": None if at is None else step_ids[at],
+               "reason": why})
+      say(f"runtime {label}{where}: {steps} steps, final loss "
+          f"{loss[-1]:.6g} (golden {golden[-1]:.6g}), "
+          + (f"diverged at step {step_ids[at]}: {why}" if at is not None
+             else "no divergence")
+          + f" ({time.perf_counter() - t0:.1f} s)")
+    r = byname[f]
+    runs.append({"frequency": r["label"], "steps": step_ids,
+                 "loss": r["loss"], "golden_loss": golden,
+                 "diverged_at": r["diverged_at"], "reason": r["reason"]})
+  return RuntimeResult(runs, {"steps": step_ids, "loss_spread": spread},
+                       golden)
+
+
+def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,
+            frequencies: Sequence[str] = ("every", "every_4",
+                                          "fraction_0.25"),
+            steps: int = 50, start_step: int = 0,
+            seeds: Sequence[int] = (1, 2),
+            campaign_dir: str | os.PathLike | None = None,
+            select: str | Sequence[str] | None = None,
+            progress: Callable[[str], None] | None = None) -> RuntimeResult:
+  """Runtime FI: train with the KUT at a frequency and compare with golden.
+
+  From the golden checkpoint ``start_step`` each frequency trains ``steps``
+  steps with ``peat.substitute(step_fn, ..., schedule=...)`` (jitted once
+  per frequency); the golden trajectory is retrained from the same state.
+  The golden seed-to-seed spread comes from fresh runs with ``seeds`` (same
+  steps, from ``task.init_state(seed)``); its running-max envelope sets the
+  divergence threshold (:func:`divergence`). Finished frequencies in
+  ``runtime.msgpack`` are skipped.
+
+  Returns:
+    A :class:`RuntimeResult`.
+  """
+  say = progress or (lambda s: None)
+  golden_dir = os.path.abspath(os.fspath(golden_dir))
+  ckpt = _golden._checkpoint_dir_of(golden_dir)
+  campaign_dir = os.path.abspath(os.fspath(
+      campaign_dir or os.path.dirname(golden_dir)))
+  path = os.path.join(campaign_dir, RUNTIME_FILE)
+  old = [r for r in read_records(path) if r.get("kut") == kut_spec
+         and r.get("n") == steps and r.get("start") == start_step]
+  byname = {r["name"]: r for r in old}
+  scheds = [(f, *parse_frequency(f)) for f in frequencies]
+  state0 = _golden.restore_state(ckpt, task, start_step)
+
+  def keep(name, rec):
+    rec = {"kut": kut_spec, "n": steps, "start": start_step, "name": name,
+           **rec}
+    append_records(path, [rec])
+    byname[name] = rec
+
+  subs = []  # the KUT's substitution, built on first use
+
+  def kut_step(sched):
+    if not subs:
+      batch = task.batch_at(int(state0.data_position))
+      chosen, _ = select_calls(task, state0, batch, kut_spec, select)
+      subs.append(_sites_subst.Substitution(
+          chosen[0].sub.kut, sites=tuple(c.site.name for c in chosen),
+          backward=chosen[0].sub.backward))
+    return jax.jit(_sites_subst.substitute(
+        task.step_fn, subs[0]._replace(schedule=sched)))
+
+  return run_frequencies(
+      scheds, byname=byname, keep=keep, golden_step=task.train_step,
+      fresh_state=task.init_state, state0=state0, batch_at=task.batch_at,
+      steps=steps, start_step=start_step, seeds=seeds, kut_step=kut_step,
+      say=say)

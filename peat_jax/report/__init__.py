@@ -1,0 +1,1 @@
+"""peat_jax.report (facade: filled in by the split step)."""

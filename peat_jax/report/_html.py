@@ -1,0 +1,757 @@
+"""The campaign report: one self-contained HTML page and the same data as JSON.
+
+:func:`write_report` takes the Profiler's campaign summary (a plain mapping,
+schema below; numpy arrays and scalars are accepted anywhere a list or a
+number is expected) and writes two files into a directory:
+
+* ``report.json``: the data as given, as strict JSON. Numpy arrays become
+  lists, numpy scalars numbers, tuples lists; NaN is written as ``null`` and
+  +/-Inf as the strings ``"Infinity"`` / ``"-Infinity"``, so every JSON
+  parser reads the file.
+* ``report.html``: one file with no external reference (inline CSS, plots as
+  inline SVG drawn by :mod:`peat_jax.report._charts`, no JavaScript). Sections, in
+  order: title (kernel under test, model scenario), verdict badge and
+  summary, crash and hang findings, Detector table (worst site first),
+  localization, noise-ratio heat
+  table (sites x steps), error / ULP-distance / bit-position histograms of
+  the top sites, playback effect, runtime FI loss curves, campaign settings,
+  footer (peat_jax version, JSON file name). An absent optional section is
+  replaced by a one-line note.
+
+Schema (``docs/report.md`` has the same table with examples). Required keys
+are marked *, everything else may be missing or ``None``::
+
+  title*        str
+  kut*          str      kernel under test, e.g. "matmul:native_bf16"
+  scenario*     str      model scenario, e.g. "ViT-Ti pretraining, CIFAR-10"
+  peat_version  str      (default: the installed peat_jax.__version__)
+  created       str      ISO 8601 time
+  verdict*      {"verdict"*: "pass"|"warn"|"fail", "summary"*: str,
+                 "deciding": [[site, step], ...]}
+  sites*        [site, ...] in execution order (may be empty), each:
+    site*        str     e.g. "fwd/Block_0/Attn/dot_general:1"
+    kernel       str
+    direction*   "fwd"|"bwd"
+    model*       str     diagnosed error model (DESIGN.md names)
+    confidence   float   in [0, 1]
+    evidence     str     the Detector's evidence sentence
+    verdict*     "pass"|"warn"|"fail"
+    steps        [int]   checkpoint steps of the per-step lists below
+    noise_ratio  [float] pseudo-error RMS / noise floor, per step
+    rel_rms      [float] relative RMS error, per step
+    share_differ [float] share of differing elements, per step
+    rel_hist     {"edges": [float] (n+1), "counts": [int] (n)}
+    ulp_hist     [int]   bucket 0: distance 0; bucket k: [2**(k-1), 2**k)
+    bits_xor     [int]   differing-bit counts; index 0 = mantissa LSB,
+                         last = sign (needs mantissa_bits, exponent_bits)
+    mantissa_bits int    stored mantissa bits (float32: 23)
+    exponent_bits int    exponent bits (float32: 8)
+  localization  {"site"*: str, "step"*: int, "noise_ratio": float}
+  playback      {"steps"*: [int], "loss_golden"*: [float],
+                 "loss_kut"*: [float], "grad_rel_diff": [float],
+                 "update_rel_diff": [float]}
+  runtime       [{"frequency"*: str, "steps"*: [int], "loss"*: [float],
+                  "golden_loss": [float], "diverged_at": int|None,
+                  "reason": str|None, "crashed": bool}, ...]
+                (a crashed run has empty lists and the crash as reason)
+  crashes       [{"kind"*: "crash"|"hang", "phase"*: str, "message"*: str,
+                  "step": int|None, "site": str|None,
+                  "frequency": str|None, "signal": str|None,
+                  "timeout_s": float|None}, ...]
+                crash and hang findings of process isolation
+  runtime_spread {"steps"*: [int], "loss_spread"*: [float]}
+  settings      {str: str|int|float}
+
+Lists that belong together (a site's per-step lists and ``steps``; the
+playback lists; a runtime run's lists) must have equal lengths.
+
+>>> paths = write_report(data, "/tmp/campaign")   # doctest: +SKIP
+>>> paths.html.name, paths.json.name              # doctest: +SKIP
+('report.html', 'report.json')
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import numbers
+import os
+import pathlib
+from typing import Any, Mapping, NamedTuple, Sequence
+
+from peat_jax.report import _charts as _svg
+from peat_jax.core._errors import PeatError
+from peat_jax.report._charts import esc, fmt
+
+#: Verdicts, worst first.
+VERDICTS = ("fail", "warn", "pass")
+DIRECTIONS = ("fwd", "bwd")
+HTML_NAME = "report.html"
+JSON_NAME = "report.json"
+_ORDER = {v: i for i, v in enumerate(VERDICTS)}
+
+
+class ReportPaths(NamedTuple):
+  """Where :func:`write_report` wrote the report.
+
+  Attributes:
+    html: the self-contained HTML page.
+    json: the same data as JSON.
+  """
+
+  html: pathlib.Path
+  json: pathlib.Path
+
+
+# ---------------------------------------------------------------- plain data
+
+
+def _plain(obj: Any, where: str, json_safe: bool) -> Any:
+  """Converts numpy / JAX values to Python ones, recursively.
+
+  With ``json_safe`` NaN becomes ``None`` and +/-Inf ``"Infinity"`` /
+  ``"-Infinity"``.
+  """
+  if obj is None or isinstance(obj, (str, bool)):
+    return obj
+  if isinstance(obj, Mapping):
+    return {str(k): _plain(v, f"{where}.{k}", json_safe)
+            for k, v in obj.items()}
+  if hasattr(obj, "dtype") and hasattr(obj, "tolist"):  # numpy, jax arrays
+    return _plain(obj.tolist(), where, json_safe)
+  if isinstance(obj, (list, tuple)):
+    return [_plain(v, f"{where}[{i}]", json_safe) for i, v in enumerate(obj)]
+  if isinstance(obj, numbers.Integral):
+    return int(obj)
+  if isinstance(obj, (numbers.Real, float)) or hasattr(obj, "__float__"):
+    try:
+      v = float(obj)
+    except (TypeError, ValueError) as e:
+      raise PeatError(f"report data: {where} is {type(obj).__name__}, "
+                      "which is not a number") from e
+    if json_safe and math.isnan(v):
+      return None
+    if json_safe and math.isinf(v):
+      return "Infinity" if v > 0 else "-Infinity"
+    return v
+  if isinstance(obj, (_dt.datetime, _dt.date)):
+    return obj.isoformat()
+  if isinstance(obj, os.PathLike):
+    return os.fspath(obj)
+  raise PeatError(f"report data: {where} is a {type(obj).__name__}; expected "
+                  "a mapping, list, string, number, bool or None")
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _get(m: Mapping, key: str, where: str, kinds: tuple, expected: str,
+         required: bool = True) -> Any:
+  if key not in m or m[key] is None:
+    if required:
+      raise PeatError(f"report data: {where}{key!r} is missing; expected "
+                      f"{expected}")
+    return None
+  v = m[key]
+  if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+    raise PeatError(f"report data: {where}{key!r} is {type(v).__name__} "
+                    f"{str(v)[:60]!r}; expected {expected}")
+  return v
+
+
+_NUM = (int, float)
+_SEQ = (list,)
+
+
+def _same_len(m: Mapping, keys: Sequence[str], ref: str, where: str) -> None:
+  n = len(m[ref])
+  for k in keys:
+    if m.get(k) is not None:
+      _get(m, k, where, _SEQ, "a list")
+      if len(m[k]) != n:
+        raise PeatError(f"report data: {where}{k!r} has {len(m[k])} values "
+                        f"but {where}{ref!r} has {n}; expected equal lengths")
+
+
+def _check_verdict(v: Any, where: str) -> None:
+  if v not in VERDICTS:
+    raise PeatError(f"report data: {where} is {v!r}; expected one of "
+                    f"{', '.join(VERDICTS)}")
+
+
+def _validate(d: Mapping) -> None:
+  """Raises PeatError naming the first key that breaks the schema."""
+  if not isinstance(d, Mapping):
+    raise PeatError(f"report data is {type(d).__name__}; expected a mapping "
+                    "(see docs/report.md)")
+  for k in ("title", "kut", "scenario"):
+    _get(d, k, "", (str,), "a string")
+  for k in ("peat_version", "created"):
+    _get(d, k, "", (str,), "a string", required=False)
+  v = _get(d, "verdict", "", (dict,), 'a mapping {"verdict", "summary", '
+           '"deciding"}')
+  _check_verdict(v.get("verdict"), "verdict['verdict']")
+  _get(v, "summary", "verdict.", (str,), "a string")
+  for i, rec in enumerate(_get(v, "deciding", "verdict.", _SEQ,
+                               "a list of [site, step]", False) or []):
+    if not isinstance(rec, list) or len(rec) != 2:
+      raise PeatError(f"report data: verdict.deciding[{i}] is {rec!r}; "
+                      "expected [site, step]")
+  sites = _get(d, "sites", "", _SEQ, "a list of site mappings")
+  for i, s in enumerate(sites):
+    w = f"sites[{i}]."
+    if not isinstance(s, dict):
+      raise PeatError(f"report data: sites[{i}] is {type(s).__name__}; "
+                      "expected a mapping")
+    _get(s, "site", w, (str,), "a string")
+    w = f"sites[{i}] ({s['site']!r})."
+    _get(s, "kernel", w, (str,), "a string", False)
+    if s.get("direction") not in DIRECTIONS:
+      raise PeatError(f"report data: {w}'direction' is "
+                      f"{s.get('direction')!r}; expected 'fwd' or 'bwd'")
+    _get(s, "model", w, (str,), "an error-model name")
+    _check_verdict(s.get("verdict"), f"{w}'verdict'")
+    _get(s, "confidence", w, _NUM, "a number in [0, 1]", False)
+    _get(s, "evidence", w, (str,), "a string", False)
+    if s.get("steps") is not None:
+      _get(s, "steps", w, _SEQ, "a list of steps")
+      _same_len(s, ("noise_ratio", "rel_rms", "share_differ"), "steps", w)
+    h = _get(s, "rel_hist", w, (dict,), '{"edges", "counts"}', False)
+    if h is not None:
+      e = _get(h, "edges", w + "rel_hist.", _SEQ, "a list of bin edges")
+      c = _get(h, "counts", w + "rel_hist.", _SEQ, "a list of counts")
+      if len(e) != len(c) + 1:
+        raise PeatError(f"report data: {w}rel_hist has {len(e)} edges and "
+                        f"{len(c)} counts; expected len(edges) == "
+                        "len(counts) + 1")
+    _get(s, "ulp_hist", w, _SEQ, "a list of counts", False)
+    bits = _get(s, "bits_xor", w, _SEQ, "a list of counts per bit", False)
+    if bits is not None:
+      m = _get(s, "mantissa_bits", w, (int,), "an int (float32: 23)")
+      x = _get(s, "exponent_bits", w, (int,), "an int (float32: 8)")
+      if m + x + 1 != len(bits):
+        raise PeatError(f"report data: {w}bits_xor has {len(bits)} entries; "
+                        f"expected mantissa_bits + exponent_bits + 1 = "
+                        f"{m + x + 1}")
+  loc = _get(d, "localization", "", (dict,), '{"site", "step"} or None',
+             False)
+  if loc is not None:
+    _get(loc, "site", "localization.", (str,), "a string")
+    _get(loc, "step", "localization.", (int,), "an int")
+  pb = _get(d, "playback", "", (dict,), "a mapping or None", False)
+  if pb is not None:
+    for k in ("steps", "loss_golden", "loss_kut"):
+      _get(pb, k, "playback.", _SEQ, "a list")
+    _same_len(pb, ("loss_golden", "loss_kut", "grad_rel_diff",
+                   "update_rel_diff"), "steps", "playback.")
+  runs = _get(d, "runtime", "", _SEQ, "a list of runs or None", False)
+  for i, r in enumerate(runs or []):
+    w = f"runtime[{i}]."
+    if not isinstance(r, dict):
+      raise PeatError(f"report data: runtime[{i}] is {type(r).__name__}; "
+                      "expected a mapping")
+    _get(r, "frequency", w, (str,), "a string, e.g. 'every call'")
+    _get(r, "steps", w, _SEQ, "a list of steps")
+    _get(r, "loss", w, _SEQ, "a list of losses")
+    _same_len(r, ("loss", "golden_loss"), "steps", w)
+    _get(r, "diverged_at", w, (int,), "an int step or None", False)
+    _get(r, "reason", w, (str,), "a string or None", False)
+  for i, c in enumerate(_get(d, "crashes", "", _SEQ,
+                             "a list of findings or None", False) or []):
+    w = f"crashes[{i}]."
+    if not isinstance(c, dict):
+      raise PeatError(f"report data: crashes[{i}] is {type(c).__name__}; "
+                      "expected a mapping")
+    if c.get("kind") not in ("crash", "hang"):
+      raise PeatError(f"report data: {w}'kind' is {c.get('kind')!r}; "
+                      "expected 'crash' or 'hang'")
+    _get(c, "phase", w, (str,), "a string, e.g. 'playback'")
+    _get(c, "message", w, (str,), "a string")
+    _get(c, "step", w, (int,), "an int step or None", False)
+    _get(c, "site", w, (str,), "a site name or None", False)
+  sp = _get(d, "runtime_spread", "", (dict,), "a mapping or None", False)
+  if sp is not None:
+    _get(sp, "steps", "runtime_spread.", _SEQ, "a list of steps")
+    _get(sp, "loss_spread", "runtime_spread.", _SEQ, "a list")
+    _same_len(sp, ("loss_spread",), "steps", "runtime_spread.")
+  _get(d, "settings", "", (dict,), "a mapping {name: value}", False)
+
+
+# ---------------------------------------------------------------- rendering
+
+_CSS = """
+body{font-family:system-ui,Segoe UI,Helvetica,Arial,sans-serif;margin:0;
+ background:#f4f5f7;color:#1d2329;font-size:14px;line-height:1.45}
+main{max-width:1180px;margin:0 auto;padding:24px 28px 40px;background:#fff}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;
+ border-bottom:1px solid #dde1e5;padding-bottom:4px}
+h3{font-size:15px;margin:18px 0 6px}
+.sub{color:#4a545e;margin:0 0 16px}
+.verdict{display:flex;align-items:center;gap:22px;margin:10px 0 6px}
+.badge{font-size:40px;font-weight:800;letter-spacing:2px;padding:10px 30px;
+ border-radius:12px;color:#fff;min-width:120px;text-align:center}
+.v-pass{background:#1e8e3e}.v-warn{background:#f2a900;color:#1d1d1d}
+.v-fail{background:#c5221f}
+.summary{font-size:16px;margin:0}.note{color:#5f6b76;font-style:italic}
+table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
+th,td{border:1px solid #dde1e5;padding:3px 7px;text-align:left;
+ vertical-align:top}
+th{background:#eef1f4}td.num{text-align:right;font-variant-numeric:
+ tabular-nums}
+tr.r-fail td{background:#fdecea}tr.r-warn td{background:#fff6db}
+.chip{display:inline-block;padding:0 8px;border-radius:8px;color:#fff;
+ font-weight:700;font-size:12px}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;
+ word-break:break-all}
+.plots{display:flex;flex-wrap:wrap;gap:10px}
+.plots svg{border:1px solid #e5e8eb;border-radius:4px}
+.scroll{overflow-x:auto}
+footer{margin-top:30px;color:#5f6b76;font-size:12px;border-top:1px solid
+ #dde1e5;padding-top:8px}
+"""
+_BIT_COLORS = {"sign": "#c5221f", "exponent": "#d9730d",
+               "mantissa": "#1f5fa8"}
+
+
+def _chip(verdict: str) -> str:
+  return f'<span class="chip v-{esc(verdict)}">{esc(verdict)}</span>'
+
+
+def _note(text: str) -> str:
+  return f'<p class="note">{esc(text)}</p>'
+
+
+def _worst_ratio(site: Mapping) -> float:
+  vals = [v for v in site.get("noise_ratio") or [] if v is not None]
+  if any(isinstance(v, float) and v == math.inf for v in vals):
+    return math.inf
+  finite = [float(v) for v in vals if isinstance(v, _NUM) and
+            math.isfinite(v)]
+  return max(finite) if finite else -1.0
+
+
+def _sorted_sites(sites: Sequence[Mapping]) -> list[Mapping]:
+  """Worst first: verdict, then largest noise ratio, then confidence."""
+  def confidence(s: Mapping) -> float:
+    c = s.get("confidence")
+    return c if isinstance(c, _NUM) and math.isfinite(c) else 0.0
+
+  return sorted(sites, key=lambda s: (
+      _ORDER[s["verdict"]], -_worst_ratio(s), -confidence(s), s["site"]))
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]],
+           num_cols: Sequence[int] = (), row_classes: Sequence[str] = ()
+           ) -> str:
+  """An HTML table; ``rows`` hold already escaped HTML."""
+  out = ["<table><thead><tr>"]
+  out += [f"<th>{esc(h)}</th>" for h in header]
+  out.append("</tr></thead><tbody>")
+  for i, row in enumerate(rows):
+    cls = f' class="{row_classes[i]}"' if row_classes else ""
+    out.append(f"<tr{cls}>")
+    for j, cell in enumerate(row):
+      out.append(f'<td class="num">{cell}</td>' if j in num_cols
+                 else f"<td>{cell}</td>")
+    out.append("</tr>")
+  out.append("</tbody></table>")
+  return "".join(out)
+
+
+def _section_verdict(d: Mapping) -> str:
+  v = d["verdict"]
+  out = ['<section id="verdict"><div class="verdict">',
+         f'<div class="badge v-{esc(v["verdict"])}">'
+         f'{esc(v["verdict"].upper())}</div>',
+         f'<p class="summary">{esc(v["summary"])}</p></div>']
+  deciding = v.get("deciding") or []
+  if deciding:
+    shown = ", ".join(f"<code>{esc(s)}</code> at step {esc(fmt(t))}"
+                      for s, t in deciding[:8])
+    more = (f" and {len(deciding) - 8} more" if len(deciding) > 8 else "")
+    out.append(f"<p>Deciding records: {shown}{esc(more)}.</p>")
+  out.append("</section>")
+  return "".join(out)
+
+
+def finding_cause(c: Mapping) -> str:
+  """A crash/hang finding's cause in a few words: the signal, the time
+  limit, out of memory, or an exit."""
+  if c.get("signal"):
+    return str(c["signal"])
+  if c.get("timeout_s") is not None:
+    return f"time limit {fmt(c['timeout_s'])} s"
+  return ("out of memory" if "out of memory" in str(c.get("message"))
+          else "exited")
+
+
+def _section_crashes(d: Mapping) -> str:
+  crashes = d.get("crashes") or []
+  if not crashes:
+    return ""
+  out = ['<section id="crashes"><h2>Crashes and hangs</h2>',
+         "<p>The kernel under test took its worker process down (a signal, "
+         "out of memory) or ran past its time limit; each is a finding and "
+         "fails the KUT. Playback crashes are attributed by replaying the "
+         "step with one site at a time.</p>"]
+  rows, classes = [], []
+  for c in crashes:
+    how = finding_cause(c)
+    rows.append([f'<span class="chip v-fail">{esc(c["kind"])}</span>',
+                 esc(c["phase"]), esc(fmt(c.get("step"))),
+                 f"<code>{esc(c.get('site') or '')}</code>"
+                 if c.get("site") else esc(c.get("frequency") or "\u2014"),
+                 esc(how), esc(c["message"])])
+    classes.append("r-fail")
+  out.append(_table(["finding", "phase", "step", "site / frequency",
+                     "signal or limit", "message"], rows, (2,), classes))
+  out.append("</section>")
+  return "".join(out)
+
+
+def _section_detector(sites: Sequence[Mapping]) -> str:
+  out = ['<section id="detector"><h2>Detector diagnoses</h2>']
+  if not sites:
+    out.append(_note("No sites were profiled."))
+  else:
+    rows, classes = [], []
+    for i, s in enumerate(_sorted_sites(sites)):
+      ratio = _worst_ratio(s)
+      rows.append([
+          str(i + 1), f"<code>{esc(s['site'])}</code>",
+          esc(s.get("kernel") or "\u2014"), esc(s["direction"]),
+          f"<b>{esc(s['model'])}</b>", esc(fmt(s.get("confidence"), 3)),
+          esc(fmt(ratio, 3) if ratio >= 0 else "\u2014"),
+          esc(s.get("evidence") or ""), _chip(s["verdict"])])
+      classes.append(f"r-{esc(s['verdict'])}")
+    out.append('<p>One row per site, worst first (verdict, then largest '
+               'noise ratio over steps, then confidence).</p>')
+    out.append(_table(["#", "site", "kernel", "direction", "error model",
+                       "confidence", "max noise ratio", "evidence",
+                       "verdict"], rows, (0, 5, 6), classes))
+  out.append("</section>")
+  return "".join(out)
+
+
+def _section_localization(d: Mapping) -> str:
+  out = ['<section id="localization"><h2>Localization</h2>']
+  loc = d.get("localization")
+  if loc is None:
+    out.append(_note("No localization: no site's pseudo-error left the "
+                     "noise floor, or localization was not run."))
+  else:
+    ratio = loc.get("noise_ratio")
+    extra = (f" (noise ratio {esc(fmt(ratio, 3))})" if ratio is not None
+             else "")
+    out.append("<p>First site in execution order whose pseudo-error leaves "
+               f"the noise floor: <code>{esc(loc['site'])}</code> at step "
+               f"<b>{esc(fmt(loc['step']))}</b>{extra}.</p>")
+  out.append("</section>")
+  return "".join(out)
+
+
+def _section_heat(sites: Sequence[Mapping]) -> str:
+  out = ['<section id="heat"><h2>Noise ratio per site and step</h2>']
+  rows = [s for s in sites if s.get("steps") and s.get("noise_ratio")]
+  if not rows:
+    out.append(_note("No per-step noise ratios in the data."))
+  else:
+    steps = sorted({int(t) for s in rows for t in s["steps"]})
+    values = []
+    for s in rows:
+      by_step = dict(zip(s["steps"], s["noise_ratio"]))
+      values.append([by_step.get(t) for t in steps])
+    out.append("<p>Pseudo-error relative to the noise floor (1 = at the "
+               "floor; blue below, red above). Sites in execution order; "
+               "hover a cell for its value.</p>")
+    out.append('<div class="scroll">' + _svg.heat_table(
+        [f"{s['site']} ({s['direction']})" for s in rows],
+        [str(t) for t in steps], values, value_name="noise ratio",
+        log=True, center=1.0) + "</div>")
+  out.append("</section>")
+  return "".join(out)
+
+
+def _ulp_labels(n: int) -> tuple[list[str], list[str]]:
+  labels, ranges = [], []
+  for k in range(n):
+    if k == 0:
+      labels.append("0")
+      ranges.append("distance 0")
+    elif k == 1:
+      labels.append("1")
+      ranges.append("distance 1")
+    else:
+      labels.append(f"2^{k - 1}")
+      ranges.append(f"distance [{2**(k - 1)}, {2**k})")
+  return labels, ranges
+
+
+def _bits_plot(s: Mapping) -> str:
+  counts = s["bits_xor"]
+  m, n = s["mantissa_bits"], len(counts)
+  kinds = ["mantissa" if i < m else "sign" if i == n - 1 else "exponent"
+           for i in range(n)]
+  order = list(range(n - 1, -1, -1))  # sign on the left, as bits are written
+  labels = [str(i) for i in order]
+  within = {"mantissa": 0, "exponent": m, "sign": n - 1}
+  tips = [f"bit {i} ({kinds[i]} bit {i - within[kinds[i]]}): "
+          f"{fmt(counts[i])}" for i in order]
+  return _svg.bar_chart(
+      [counts[i] for i in order], labels, title="Differing bit positions",
+      x_label="bit (sign | exponent | mantissa)", y_label="count (log)",
+      log_y=True, colors=[_BIT_COLORS[kinds[i]] for i in order],
+      legend=list(_BIT_COLORS.items()), tooltips=tips, max_labels=16,
+      empty="no differing bits")
+
+
+def _section_top(sites: Sequence[Mapping], top: int) -> str:
+  out = ['<section id="top-sites"><h2>Error distributions of the top '
+         'sites</h2>']
+  chosen = [s for s in _sorted_sites(sites) if s["model"] != "exact" and (
+      s.get("rel_hist") or s.get("ulp_hist") or s.get("bits_xor"))]
+  if not chosen:
+    out.append(_note("No error histograms in the data (sites diagnosed "
+                     "exact are not shown)."))
+  for s in chosen[:top]:
+    out.append(f"<h3><code>{esc(s['site'])}</code> ({esc(s['direction'])}): "
+               f"{esc(s['model'])} {_chip(s['verdict'])}</h3>")
+    plots = []
+    h = s.get("rel_hist")
+    if h:
+      plots.append(_svg.histogram(h["edges"], h["counts"],
+                                  title="Relative error",
+                                  x_label="|KUT - golden| / |golden| (bin "
+                                  "lower edge)", log_y=True))
+    if s.get("ulp_hist"):
+      labels, ranges = _ulp_labels(len(s["ulp_hist"]))
+      plots.append(_svg.bar_chart(
+          s["ulp_hist"], labels, title="ULP distance", x_label="ULPs "
+          "(bucket lower bound)", y_label="count (log)", log_y=True,
+          tooltips=[f"{r}: {fmt(c)}" for r, c in zip(ranges, s["ulp_hist"])],
+          max_labels=8, empty="no elements"))
+    if s.get("bits_xor"):
+      plots.append(_bits_plot(s))
+    missing = [k for k in ("rel_hist", "ulp_hist", "bits_xor")
+               if not s.get(k)]
+    out.append('<div class="plots">' + "".join(plots) + "</div>")
+    if missing:
+      out.append(_note(f"Not in the data: {', '.join(missing)}."))
+  if len(chosen) > top:
+    out.append(_note(f"{len(chosen) - top} more sites with histograms are in "
+                     "the JSON file."))
+  out.append("</section>")
+  return "".join(out)
+
+
+def _rel(a: Any, b: Any) -> float | None:
+  if not (isinstance(a, _NUM) and isinstance(b, _NUM)):
+    return None
+  if b == 0 or not (math.isfinite(a) and math.isfinite(b)):
+    return None
+  return abs(a - b) / abs(b)
+
+
+def _section_playback(d: Mapping) -> str:
+  out = ['<section id="playback"><h2>Playback FI: effect on the training '
+         'step</h2>']
+  pb = d.get("playback")
+  if pb is None:
+    out.append(_note("No playback FI results in the data."))
+    out.append("</section>")
+    return "".join(out)
+  steps = pb["steps"]
+  grad = pb.get("grad_rel_diff") or [None] * len(steps)
+  upd = pb.get("update_rel_diff") or [None] * len(steps)
+  loss_rel = [_rel(k, g) for k, g in zip(pb["loss_kut"], pb["loss_golden"])]
+  out.append("<p>Each checkpoint step re-run once with the KUT at the "
+             "selected sites; errors do not accumulate.</p>")
+  plots = [_svg.line_chart(
+      [_svg.Series("golden", steps, pb["loss_golden"], "#222222"),
+       _svg.Series("KUT", steps, pb["loss_kut"], _svg.PALETTE[1], True)],
+      title="Loss per checkpoint step", x_label="step", y_label="loss",
+      width=520, height=260)]
+  rel_series = [_svg.Series("loss", steps,
+                            [math.nan if v is None else v for v in loss_rel])]
+  if pb.get("grad_rel_diff"):
+    rel_series.append(_svg.Series("gradients", steps, grad))
+  if pb.get("update_rel_diff"):
+    rel_series.append(_svg.Series("parameter update", steps, upd))
+  plots.append(_svg.line_chart(
+      rel_series, title="Relative difference KUT vs golden", x_label="step",
+      y_label="relative difference (log)", log_y=True, width=520,
+      height=260))
+  out.append('<div class="plots">' + "".join(plots) + "</div>")
+  rows = [[esc(fmt(t)), esc(fmt(g, 6)), esc(fmt(k, 6)), esc(fmt(r, 3)),
+           esc(fmt(a, 3)), esc(fmt(b, 3))]
+          for t, g, k, r, a, b in zip(steps, pb["loss_golden"],
+                                      pb["loss_kut"], loss_rel, grad, upd)]
+  out.append(_table(["step", "loss golden", "loss KUT", "loss rel. diff",
+                     "gradient rel. diff", "update rel. diff"], rows,
+                    (0, 1, 2, 3, 4, 5)))
+  out.append("</section>")
+  return "".join(out)
+
+
+def _section_runtime(d: Mapping) -> str:
+  out = ['<section id="runtime"><h2>Runtime FI: loss divergence</h2>']
+  runs = d.get("runtime")
+  if not runs:
+    out.append(_note("No runtime FI run in the data."))
+    out.append("</section>")
+    return "".join(out)
+  series, vlines = [], []
+  golden = next((r for r in runs if r.get("golden_loss")), None)
+  if golden is not None:
+    series.append(_svg.Series("golden", golden["steps"],
+                              golden["golden_loss"], "#222222", True))
+  for i, r in enumerate(runs):
+    color = _svg.PALETTE[i % len(_svg.PALETTE)]
+    if not r["steps"]:  # a crashed run: in the table only
+      continue
+    at = r.get("diverged_at")
+    series.append(_svg.Series(str(r["frequency"]), r["steps"], r["loss"],
+                              color, False, () if at is None else (at,)))
+    if at is not None:
+      vlines.append((at, f"{r['frequency']}: diverged at {at}", color))
+  band = None
+  sp = d.get("runtime_spread")
+  if sp is not None and golden is not None:
+    gl = dict(zip(golden["steps"], golden["golden_loss"]))
+    pts = [(t, gl[t], s) for t, s in zip(sp["steps"], sp["loss_spread"])
+           if t in gl and isinstance(gl[t], _NUM) and isinstance(s, _NUM)]
+    if pts:
+      band = ([p[0] for p in pts], [p[1] - p[2] for p in pts],
+              [p[1] + p[2] for p in pts], "golden seed-to-seed spread")
+  losses = [float(v) for s in series for v in s.y
+            if isinstance(v, _NUM) and not math.isnan(v)]
+  ref = [float(v) for v in (golden or {}).get("golden_loss") or losses
+         if isinstance(v, _NUM) and math.isfinite(v)]
+  y_max = None  # diverged runs must not flatten the golden curve
+  if ref and max(ref) > 0 and any(v > 100 * max(ref) for v in losses):
+    y_max = 100 * max(ref)
+  shown = [min(v, y_max or math.inf) for v in losses]
+  log_y = (bool(shown) and min(shown) > 0
+           and max(shown) > 50 * min(shown))
+  out.append("<p>Training continued with the KUT called at each frequency; "
+             "rings and dashed lines mark the first divergent step.</p>")
+  out.append(_svg.line_chart(series, title="Loss vs step", x_label="step",
+                             y_label="loss" + (" (log)" if log_y else ""),
+                             log_y=log_y, band=band, vlines=vlines,
+                             y_max=y_max, width=900, height=340))
+  if sp is not None and band is None:
+    out.append(_note("The golden spread envelope could not be aligned with "
+                     "the golden loss steps."))
+  rows = []
+  for r in runs:
+    last = r["loss"][-1] if r["loss"] else None
+    glast = (r.get("golden_loss") or [None])[-1]
+    rows.append([esc(r["frequency"]), esc(fmt(len(r["steps"]))),
+                 esc(fmt(last, 5)), esc(fmt(glast, 5)),
+                 esc(fmt(r.get("diverged_at"))),
+                 esc(r.get("reason") or "\u2014")])
+  out.append(_table(["frequency", "steps", "final loss", "golden final "
+                     "loss", "diverged at", "reason"], rows, (1, 2, 3, 4)))
+  out.append("</section>")
+  return "".join(out)
+
+
+def _section_settings(d: Mapping) -> str:
+  out = ['<section id="settings"><h2>Campaign settings</h2>']
+  settings = d.get("settings")
+  if not settings:
+    out.append(_note("No campaign settings in the data."))
+  else:
+    rows = []
+    for k, v in settings.items():
+      text = (v if isinstance(v, str) else fmt(v, 6)
+              if isinstance(v, _NUM) or v is None
+              else json.dumps(_plain(v, f"settings.{k}", True)))
+      rows.append([f"<code>{esc(k)}</code>", esc(text)])
+    out.append(_table(["setting", "value"], rows))
+  out.append("</section>")
+  return "".join(out)
+
+
+def _version(d: Mapping) -> str:
+  if d.get("peat_version"):
+    return d["peat_version"]
+  import peat_jax  # pylint: disable=import-outside-toplevel
+  return getattr(peat_jax, "__version__", "unknown")
+
+
+def render_html(data: Mapping, *, json_name: str = JSON_NAME,
+                top_sites: int = 3) -> str:
+  """Renders the report page (see the module docstring for the schema).
+
+  Args:
+    data: the campaign summary.
+    json_name: the JSON file name named in the footer.
+    top_sites: how many of the worst sites get histograms.
+
+  Returns:
+    The HTML text.
+
+  Raises:
+    PeatError: the data does not follow the schema.
+  """
+  d = _plain(data, "data", json_safe=False)
+  _validate(d)
+  sites = d["sites"]
+  created = d.get("created")
+  head = (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+          f"<meta name=\"viewport\" content=\"width=device-width, "
+          f"initial-scale=1\"><title>{esc(d['title'])}</title>"
+          f"<style>{_CSS}</style></head><body><main>")
+  parts = [head, f"<header><h1>{esc(d['title'])}</h1>",
+           f'<p class="sub">Kernel under test: <b>{esc(d["kut"])}</b> '
+           f'&middot; model scenario: <b>{esc(d["scenario"])}</b>'
+           + (f" &middot; created {esc(created)}" if created else "")
+           + "</p></header>",
+           _section_verdict(d), _section_crashes(d),
+           _section_detector(sites),
+           _section_localization(d), _section_heat(sites),
+           _section_top(sites, top_sites), _section_playback(d),
+           _section_runtime(d), _section_settings(d),
+           f"<footer>peat_jax {esc(_version(d))} &middot; the same data as "
+           f'JSON: <a href="{esc(json_name)}">{esc(json_name)}</a></footer>',
+           "</main></body></html>"]
+  return "\n".join(parts)
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(text, encoding="utf-8")
+  os.replace(tmp, path)
+
+
+def write_report(data: Mapping, directory: str | os.PathLike, *,
+                 top_sites: int = 3) -> ReportPaths:
+  """Writes ``report.json`` and a self-contained ``report.html``.
+
+  The data is checked first; nothing is written when it breaks the schema.
+
+  Args:
+    data: the campaign summary (schema in the module docstring and
+      ``docs/report.md``).
+    directory: where to write; created when missing.
+    top_sites: how many of the worst sites get error histograms.
+
+  Returns:
+    :class:`ReportPaths` of the two files.
+
+  Raises:
+    PeatError: a required key is missing, a value has the wrong type, a
+      verdict or direction is unknown, or lists that belong together differ
+      in length.
+  """
+  page = render_html(data, json_name=JSON_NAME, top_sites=top_sites)
+  text = json.dumps(_plain(data, "data", json_safe=True), indent=1,
+                    allow_nan=False)
+  out = pathlib.Path(directory)
+  out.mkdir(parents=True, exist_ok=True)
+  paths = ReportPaths(out / HTML_NAME, out / JSON_NAME)
+  _write_atomic(paths.json, text + "\n")
+  _write_atomic(paths.html, page)
+  return paths

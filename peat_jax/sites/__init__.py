@@ -1,0 +1,1 @@
+"""peat_jax.sites (facade: filled in by the split step)."""

@@ -1,0 +1,565 @@
+"""Substituting kernels under test at sites, taps and call schedules.
+
+:func:`substitute` and :func:`tap` wrap a function (a train step) into one that,
+when called (under ``jax.jit``), traces the original, lists its sites (see
+:mod:`peat_jax.sites._discovery`) and re-evaluates the jaxpr with an interpreter that
+calls the kernel under test (KUT) at the selected sites and binds every other
+equation unchanged. Everything happens at trace time: the compiled step holds
+the KUT in place of the golden kernel, and schedules are decided inside it from
+the step counter and a key, so later steps do not retrace.
+
+Kernel-under-test signatures
+----------------------------
+* Primitive site: ``kut(*operands, **params)`` with the golden primitive's
+  operands and parameters, e.g. for ``dot_general``
+  ``kut(lhs, rhs, *, dimension_numbers, precision, preferred_element_type,
+  out_sharding)``. It returns what the primitive returns (one array, or a list
+  for multi-result primitives), same shapes and dtypes.
+* Composite site (``@peat.composite(kind)``): ``kut(*args, **kwargs)`` with the
+  marked function's own arguments. At a composite's backward site the
+  interpreter computes ``jax.vjp`` of the KUT at the forward inputs, so a KUT
+  that is a ``jax.custom_vjp`` uses its own backward.
+* :data:`GOLDEN`: the golden kernel itself (for golden-for-golden checks).
+
+Construct support: sites inside nested ``jit``, ``scan``, ``cond``, ``while``,
+``remat`` and custom-derivative calls are substitutable (custom-derivative
+calls that were not differentiated in the step are evaluated through their
+primal body); taps inside ``while`` are not supported (the number of calls is
+unknown), and any other construct (e.g. ``shard_map``) raises
+:class:`PeatError` naming the construct and the site.
+"""
+
+import dataclasses
+import zlib
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax._src import source_info_util
+from jax.extend import core as jex_core
+
+from peat_jax.sites import _composite as _composite
+from peat_jax.sites import _discovery as _sites
+from peat_jax.core._errors import PeatError
+
+GOLDEN = "golden"
+"""Use as a KUT to call the golden kernel itself at a site."""
+
+
+# ---------------------------------------------------------------------------
+# Schedules
+
+
+class EveryCall(NamedTuple):
+  """The KUT runs at every call of every selected site."""
+
+  def active(self, step: jax.Array, site_name: str, loop_indices: Sequence[jax.Array]):
+    """Returns ``True`` (a Python bool: no ``cond`` is emitted)."""
+    del step, site_name, loop_indices
+    return True
+
+
+class EveryNSteps(NamedTuple):
+  """The KUT runs on steps where ``step % n == offset`` (golden otherwise).
+
+  Attributes:
+    n: period in steps (>= 1).
+    offset: the step residue at which the KUT runs (0 <= offset < n).
+  """
+
+  n: int
+  offset: int = 0
+
+  def active(self, step, site_name, loop_indices):
+    """Returns a traced bool: whether the KUT runs at this call."""
+    del site_name, loop_indices
+    return (jnp.asarray(step, jnp.int32) % self.n) == self.offset
+
+
+class Fraction(NamedTuple):
+  """The KUT runs at a seeded random fraction ``p`` of calls.
+
+  The decision for one call is a Bernoulli draw from a key folded from
+  ``seed``, the step, the site name and, under ``scan``, the iteration index:
+  the same seed gives the same calls in every run.
+
+  Attributes:
+    p: probability that a call uses the KUT, in [0, 1].
+    seed: seed of the decisions.
+  """
+
+  p: float
+  seed: int = 0
+
+  def active(self, step, site_name, loop_indices):
+    """Returns a traced bool: whether the KUT runs at this call."""
+    key = jax.random.fold_in(jax.random.key(self.seed), jnp.asarray(step, jnp.uint32))
+    key = jax.random.fold_in(key, zlib.crc32(site_name.encode()) & 0x7FFFFFFF)
+    for idx in loop_indices:
+      key = jax.random.fold_in(key, jnp.asarray(idx, jnp.uint32))
+    return jax.random.bernoulli(key, self.p)
+
+
+Schedule = EveryCall | EveryNSteps | Fraction
+
+
+def _check_schedule(s):
+  if isinstance(s, EveryCall):
+    return
+  if isinstance(s, EveryNSteps):
+    if not (isinstance(s.n, int) and s.n >= 1 and isinstance(s.offset, int) and 0 <= s.offset < s.n):
+      raise PeatError(f"EveryNSteps needs an int n >= 1 and 0 <= offset < n; got {s}.")
+    return
+  if isinstance(s, Fraction):
+    if not 0.0 <= float(s.p) <= 1.0:
+      raise PeatError(f"Fraction.p must be in [0, 1]; got {s.p}.")
+    return
+  raise PeatError(
+      f"schedule must be EveryCall(), EveryNSteps(n) or Fraction(p, seed); got {s!r}."
+  )
+
+
+# ---------------------------------------------------------------------------
+# What to do at sites
+
+
+class Substitution(NamedTuple):
+  """A kernel under test and the sites where it replaces the golden kernel.
+
+  The site criteria (``kernel``, ``pattern``, ``phase``, ``sites``) are
+  combined with AND; at least one must be given.
+
+  Attributes:
+    kut: the kernel under test (see the module docstring for signatures),
+      :data:`GOLDEN`, or ``None`` (only for :func:`tap`: capture the golden
+      kernel's inputs and outputs).
+    kernel: kernel name(s) to select, e.g. ``"dot_general"``, ``"softmax"``.
+    pattern: ``fnmatch`` glob over site names, e.g. ``"*/Attention/*"``.
+    phase: ``"fwd"``, ``"bwd"``, ``"upd"`` or a tuple of them.
+    sites: explicit site names.
+    schedule: when the KUT runs: :class:`EveryCall`, :class:`EveryNSteps` or
+      :class:`Fraction` (ignored by taps, which always run both kernels).
+    backward: for selected forward sites, ``"golden"`` keeps the golden
+      kernel at the matching backward sites; ``"kut"`` also runs the KUT's
+      backward there (for a composite, the VJP of the KUT; for a primitive,
+      the KUT at the backward sites of the same kernel and module path).
+  """
+
+  kut: Any
+  kernel: str | tuple | None = None
+  pattern: str | None = None
+  phase: str | tuple | None = None
+  sites: tuple | None = None
+  schedule: Any = EveryCall()
+  backward: str = "golden"
+
+
+class Tap(NamedTuple):
+  """What one tapped site saw in one step.
+
+  Arrays of a site inside ``scan`` gain a leading axis (one row per
+  iteration); a site in a ``cond`` branch not taken shows zeros.
+
+  Attributes:
+    inputs: the site's input arrays (tuple).
+    golden: the golden kernel's output(s) on ``inputs`` (an array, or a
+      tuple for multi-output sites).
+    kut: the KUT's output(s) on the same inputs, or ``None`` if no KUT.
+  """
+
+  inputs: tuple
+  golden: Any
+  kut: Any
+
+
+class _Action(NamedTuple):
+  site: _sites.Site
+  kut: Any
+  schedule: Any
+  tap: bool
+
+
+def _validate(sub, tap: bool) -> None:
+  """Checks one Substitution in Python, before any tracing."""
+  if not isinstance(sub, Substitution):
+    raise PeatError(
+        f"expected peat_jax.Substitution(kut, kernel=..., ...); got {type(sub).__name__}.")
+  if sub.kernel is None and sub.pattern is None and sub.phase is None and sub.sites is None:
+    raise PeatError(
+        "a Substitution must select sites: give kernel=, pattern=, phase= or sites= "
+        "(e.g. Substitution(kut, kernel='dot_general')).")
+  if sub.kut is None and not tap:
+    raise PeatError("substitute needs a kernel under test; got kut=None (only tap accepts None).")
+  if sub.kut is not None and sub.kut != GOLDEN and not callable(sub.kut):
+    raise PeatError(f"kut must be callable, peat_jax.GOLDEN or None; got {sub.kut!r}.")
+  if sub.backward not in ("golden", "kut"):
+    raise PeatError(f"backward must be 'golden' or 'kut'; got {sub.backward!r}.")
+  if sub.phase is not None:
+    for p in (sub.phase,) if isinstance(sub.phase, str) else sub.phase:
+      if p not in _sites.PHASES:
+        raise PeatError(f"phase must be one of {_sites.PHASES}; got {p!r}.")
+  _check_schedule(sub.schedule)
+
+
+def _resolve(sites: _sites.SiteTable, subs: Sequence[Substitution], tap: bool) -> dict:
+  actions: dict[tuple, _Action] = {}
+  by_key: dict[tuple, list] = {}
+  for s in sites:
+    by_key.setdefault((s.kernel, s.path, s.phase), []).append(s)
+  for sub in subs:
+    chosen = list(
+        _sites.select_sites(sites, kernel=sub.kernel, pattern=sub.pattern, phase=sub.phase,
+                            names=sub.sites)
+    )
+    if not chosen:
+      raise PeatError(f"{sub._replace(kut='...')} selects no site; check discover_sites(...).table().")
+    if sub.backward == "kut":
+      extra = []
+      for s in chosen:
+        if s.phase == "fwd":
+          extra += by_key.get((s.kernel, s.path, "bwd"), [])
+      seen = {s.name for s in chosen}
+      chosen += [s for s in extra if s.name not in seen and not seen.add(s.name)]
+    for s in chosen:
+      if s.address in actions:
+        raise PeatError(
+            f"site {s.name!r} is selected by two substitutions; make their selections disjoint."
+        )
+      bad = [w for w in s.where if w not in _sites.SUPPORTED_CONSTRUCTS]
+      if bad:
+        raise PeatError(
+            f"site {s.name!r} is inside a `{bad[0]}` construct, which peat_jax cannot rebuild; "
+            f"supported: {sorted(_sites.SUPPORTED_CONSTRUCTS)}. Exclude it from the selection."
+        )
+      if tap and "while" in s.where:
+        raise PeatError(
+            f"site {s.name!r} is inside a `while` loop: taps need a known number of calls "
+            "(use scan, or tap sites outside the loop)."
+        )
+      actions[s.address] = _Action(s, sub.kut, sub.schedule, tap)
+  return actions
+
+
+# ---------------------------------------------------------------------------
+# The interpreter
+
+
+@dataclasses.dataclass
+class _Runtime:
+  actions: dict
+  containing: set
+  step: Any
+  continue_with: str
+  loop_indices: list
+
+
+def _bind(eqn, invals):
+  params = eqn.primitive.get_bind_params(eqn.params)
+  out = eqn.primitive.bind(*invals, **params)
+  return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def _eval(jaxpr, consts, args, prefix: tuple, rt: _Runtime):
+  """Evaluates ``jaxpr``; returns ``(outs, taps)``."""
+  env: dict = {}
+
+  def read(v):
+    return v.val if isinstance(v, jex_core.Literal) else env[v]
+
+  for v, x in zip(jaxpr.constvars, consts):
+    env[v] = x
+  for v, x in zip(jaxpr.invars, args):
+    env[v] = x
+  taps: dict = {}
+  for i, eqn in enumerate(jaxpr.eqns):
+    addr = prefix + (i,)
+    invals = [read(v) for v in eqn.invars]
+    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
+    with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), \
+        eqn.ctx.manager:
+      if addr in rt.actions:
+        outs, t = _apply_site(eqn, invals, addr, rt.actions[addr], rt)
+      elif addr in rt.containing:
+        outs, t = _eval_container(eqn, invals, addr, rt)
+      else:
+        outs, t = _bind(eqn, invals), {}
+    taps.update(t)
+    for v, x in zip(eqn.outvars, outs):
+      if not isinstance(v, jex_core.DropVar):
+        env[v] = x
+  return [read(v) for v in jaxpr.outvars], taps
+
+
+def _kut_fn(eqn, action: _Action):
+  """Returns ``f(*invals) -> list of outputs`` for the KUT at a site."""
+  kut = action.kut
+  if kut == GOLDEN:
+    return lambda *a: _bind(eqn, a)
+  site = action.site
+  if site.composite:
+    _, is_bwd, call = _composite.lookup(eqn.params["name"])
+    if is_bwd:
+      return lambda *a: _composite.kut_backward(call, kut, list(a))
+    return lambda *a: _composite.kut_forward(call, kut, list(a))
+
+  def prim_kut(*a):
+    out = kut(*a, **eqn.params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+  return prim_kut
+
+
+def _checked(fn, eqn, site):
+  """Wraps a KUT so that its outputs must match the golden avals."""
+
+  def wrapped(*a):
+    outs = fn(*a)
+    if len(outs) != len(eqn.outvars):
+      raise PeatError(
+          f"KUT at site {site.name!r} returned {len(outs)} outputs; expected {len(eqn.outvars)}"
+          f" like the golden kernel."
+      )
+    fixed = []
+    for o, v in zip(outs, eqn.outvars):
+      o = jnp.asarray(o)
+      if o.shape != v.aval.shape or o.dtype != v.aval.dtype:
+        raise PeatError(
+            f"KUT at site {site.name!r} returned {o.dtype}{list(o.shape)}; expected "
+            f"{v.aval.dtype}{list(v.aval.shape)} (the golden output). Cast or reshape in the KUT."
+        )
+      fixed.append(o)
+    return fixed
+
+  return wrapped
+
+
+def _one(xs):
+  return xs[0] if len(xs) == 1 else tuple(xs)
+
+
+def _apply_site(eqn, invals, addr, action: _Action, rt: _Runtime):
+  site = action.site
+  golden = lambda *a: _bind(eqn, a)
+  kut = None if action.kut is None else _checked(_kut_fn(eqn, action), eqn, site)
+  if action.tap:
+    if addr in rt.containing:  # sites inside this composite are tapped too
+      g, taps = _eval_container(eqn, invals, addr, rt)
+    else:
+      g, taps = golden(*invals), {}
+    k = kut(*invals) if kut is not None else None
+    out = k if (rt.continue_with == "kut" and k is not None) else g
+    taps[site.name] = Tap(tuple(invals), _one(g), None if k is None else _one(k))
+    return out, taps
+  if action.kut == GOLDEN and addr in rt.containing:
+    # A golden composite with selected sites inside: evaluate its body.
+    kut = lambda *a: _eval_container(eqn, list(a), addr, rt)[0]
+  active = action.schedule.active(rt.step, site.name, tuple(rt.loop_indices))
+  if active is True:
+    return kut(*invals), {}
+  return lax.cond(active, lambda a: kut(*a), lambda a: golden(*a), list(invals)), {}
+
+
+def _eval_container(eqn, invals, addr, rt: _Runtime):
+  name = eqn.primitive.name
+  label = _sites.construct_label(eqn)
+  p = eqn.params
+  if label == "jit":
+    inner = p["jaxpr"]
+
+    def f(*a):
+      return _eval(inner.jaxpr, inner.consts, a, addr + (0,), rt)
+
+    f.__name__ = p.get("name", "jit")
+    f.__qualname__ = f.__name__
+    outs, taps = jax.jit(f)(*invals)
+    return list(outs), taps
+  if label in ("custom_jvp", "custom_vjp"):
+    inner = p["call_jaxpr"]
+    return _eval(inner.jaxpr, inner.consts, invals, addr + (0,), rt)
+  if label == "remat":
+    inner = p["jaxpr"]
+
+    def g(*a):
+      return _eval(inner, (), a, addr + (0,), rt)
+
+    outs, taps = jax.checkpoint(g, prevent_cse=p["prevent_cse"], policy=p["policy"])(*invals)
+    return list(outs), taps
+  if label == "scan":
+    body = p["jaxpr"]
+    nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
+    consts, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
+
+    def step(carry, x):
+      xs_i, idx = x
+      rt.loop_indices.append(idx)
+      try:
+        outs, taps = _eval(body.jaxpr, body.consts, [*consts, *carry, *xs_i], addr + (0,), rt)
+      finally:
+        rt.loop_indices.pop()
+      return outs[:nk], (outs[nk:], taps)
+
+    carry, (ys, taps) = lax.scan(
+        step, list(init), (list(xs), jnp.arange(length, dtype=jnp.int32)),
+        length=length, reverse=p["reverse"], unroll=p["unroll"],
+    )
+    return [*carry, *ys], taps
+  if label == "cond":
+    index, ops = invals[0], invals[1:]
+    branches = p["branches"]
+
+    def branch_fn(b):
+      br = branches[b]
+      return lambda *o: _eval(br.jaxpr, br.consts, o, addr + (b,), rt)
+
+    shapes = [jax.eval_shape(branch_fn(b), *ops)[1] for b in range(len(branches))]
+    union: dict = {}
+    for s in shapes:
+      union.update(s)
+
+    def padded(b):
+      fb = branch_fn(b)
+
+      def run(*o):
+        outs, taps = fb(*o)
+        full = {k: taps[k] if k in taps else jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), v)
+                for k, v in union.items()}
+        return outs, full
+
+      return run
+
+    outs, taps = lax.switch(index, [padded(b) for b in range(len(branches))], *ops)
+    return list(outs), taps
+  if label == "while":
+    cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
+
+    def cond_fn(c):
+      return _eval(cj.jaxpr, cj.consts, [*cconsts, *c], addr + (0,), rt)[0][0]
+
+    def body_fn(c):
+      return _eval(bj.jaxpr, bj.consts, [*bconsts, *c], addr + (1,), rt)[0]
+
+    return list(lax.while_loop(cond_fn, body_fn, list(init))), {}
+  raise PeatError(
+      f"cannot substitute inside a `{name}` equation at address {addr}; supported constructs: "
+      f"{sorted(_sites.SUPPORTED_CONSTRUCTS)}."
+  )
+
+
+def _default_counter(*args):
+  state = args[0] if args else None
+  step = getattr(state, "step", None)
+  if step is None:
+    raise PeatError(
+        "a schedule other than EveryCall needs the step counter: the first argument has no "
+        "`.step` (expected a peat_jax TrainState); pass counter=lambda *args: <int32 step>."
+    )
+  return step
+
+
+def _build(fn, subs, tap: bool, continue_with: str, counter, include_structural: bool):
+  if not callable(fn):
+    raise PeatError(f"expected a callable train step; got {type(fn).__name__}.")
+  if continue_with not in ("golden", "kut"):
+    raise PeatError(f"continue_with must be 'golden' or 'kut'; got {continue_with!r}.")
+  subs = tuple(subs)
+  if not subs:
+    raise PeatError("give at least one Substitution(kut, kernel=..., ...).")
+  for sub in subs:
+    _validate(sub, tap)
+  needs_step = not tap and any(not isinstance(s.schedule, EveryCall) for s in subs)
+
+  def run(*args):
+    closed, out_shape = _sites.trace(fn, *args)
+    sites = _sites.walk(closed, include_structural=include_structural)
+    actions = _resolve(sites, subs, tap)
+    containing = {a[:k] for a in actions for k in range(1, len(a), 2)}
+    step = (counter or _default_counter)(*args) if needs_step else None
+    rt = _Runtime(actions, containing, step, continue_with, [])
+    flat = jax.tree.leaves(args)
+    outs, taps = _eval(closed.jaxpr, closed.consts, flat, (), rt)
+    out = jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+    return out, taps
+
+  return run
+
+
+def substitute(
+    fn: Callable,
+    *substitutions: Substitution,
+    counter: Callable | None = None,
+    include_structural: bool = False,
+) -> Callable:
+  """Returns ``fn`` with kernels under test at the selected sites.
+
+  The result has ``fn``'s signature and outputs; jit it like ``fn``. Sites
+  are resolved each time it is traced (names are stable), the KUT is traced
+  into the step, and schedules are evaluated inside the compiled step, so
+  repeated calls do not retrace.
+
+  >>> kut = lambda l, r, **p: lax.dot_general(l.astype(jnp.bfloat16),
+  ...     r.astype(jnp.bfloat16), p["dimension_numbers"],
+  ...     preferred_element_type=jnp.float32)
+  >>> step = jax.jit(substitute(task.step_fn,
+  ...     Substitution(kut, kernel="dot_general", phase="fwd",
+  ...                  schedule=EveryNSteps(10))))
+
+  Args:
+    fn: the function, typically a train step ``(state, batch) -> (state,
+      metrics)``.
+    *substitutions: what to substitute where (disjoint selections).
+    counter: ``(*args) -> int32 step`` for schedules; default
+      ``args[0].step`` (a :class:`peat_jax.TrainState`).
+    include_structural: let selections reach data-movement primitives.
+
+  Returns:
+    A function with ``fn``'s signature.
+
+  Raises:
+    PeatError: at trace time, for a selection that matches nothing or an
+      unknown site name (with close matches), a KUT whose output shape or
+      dtype differs from the golden kernel's, or a site in an unsupported
+      construct.
+  """
+  run = _build(fn, substitutions, False, "golden", counter, include_structural)
+
+  def substituted(*args):
+    return run(*args)[0]
+
+  return substituted
+
+
+def tap(
+    fn: Callable,
+    *selections: Substitution,
+    continue_with: str = "golden",
+    include_structural: bool = False,
+) -> Callable:
+  """Returns ``fn`` that also reports inputs and outputs of selected sites.
+
+  At each selected site both the golden kernel and the KUT (if any) run on the
+  *same* inputs; the step continues on the golden output (or on the KUT's
+  with ``continue_with="kut"``). This is what playback needs: the
+  pseudo-error ``taps[name].kut - taps[name].golden`` of a site, on identical
+  inputs.
+
+  >>> tapped = jax.jit(tap(task.step_fn, Substitution(kut, kernel="softmax")))
+  >>> (state, metrics), taps = tapped(state, batch)
+  >>> err = taps["fwd/Block/Attention/softmax:0"].kut - taps[...].golden
+
+  Args:
+    fn: the function, typically a train step.
+    *selections: sites to tap and the KUT to run there (``kut=None`` taps
+      the golden kernel alone); ``schedule`` is ignored.
+    continue_with: ``"golden"`` or ``"kut"``: which output the step uses.
+    include_structural: let selections reach data-movement primitives.
+
+  Returns:
+    A function ``(*args) -> (fn's outputs, {site name: Tap})``.
+
+  Raises:
+    PeatError: as :func:`substitute`; also for a tapped site inside ``while``.
+  """
+  return _build(fn, selections, True, continue_with, None, include_structural)
