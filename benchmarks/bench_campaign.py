@@ -43,11 +43,11 @@ import jax
 import numpy as np
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
-from peat_jax.profiler import _golden as _golden
-from peat_jax.profiler import _playback as _playback
-from peat_jax.profiler import _runtime as _runtime
-from peat_jax.sites import _substitution as _sites_subst
+from peat_jax import profiler as _campaign
+from peat_jax import profiler as _golden
+from peat_jax import profiler as _playback
+from peat_jax import profiler as _runtime
+from peat_jax import sites as _sites_subst
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string("scenario", "cnn", "Training scenario.")

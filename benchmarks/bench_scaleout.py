@@ -99,7 +99,7 @@ def _timed_playback(task, golden, campaign, devices):
   second of wall time to the last line.
   """
   import jax  # pylint: disable=import-outside-toplevel
-  from peat_jax.profiler import _scaleout as _scaleout  # pylint: disable=import-outside-toplevel
+  from peat_jax import profiler as _scaleout  # pylint: disable=import-outside-toplevel
   first, stamps = {}, []
   t0 = time.perf_counter()
 
@@ -125,7 +125,7 @@ def _role_devices(a):
 
 
 def _role_process(a):
-  from peat_jax.profiler import _scaleout as _scaleout  # pylint: disable=import-outside-toplevel
+  from peat_jax import profiler as _scaleout  # pylint: disable=import-outside-toplevel
   if a["n"] > 1:
     _scaleout.init_distributed(f"127.0.0.1:{a['port']}", a["n"], a["pid"])
   return _timed_playback(mlp_task(), a["golden"], a["campaign"], None)
@@ -144,7 +144,7 @@ def _role_model_cost(a):
   import numpy as np  # pylint: disable=import-outside-toplevel
   import peat_jax as peat  # pylint: disable=import-outside-toplevel
   from peat_jax.profiler import _checkpoint_local as _checkpoint_local  # pylint: disable=import-outside-toplevel
-  from peat_jax.profiler import _playback as _playback  # pylint: disable=import-outside-toplevel
+  from peat_jax import profiler as _playback  # pylint: disable=import-outside-toplevel
   from peat_jax import models  # pylint: disable=import-outside-toplevel
   task = models.get_task("cnn")
   golden = os.path.join(a["dir"], "golden")
@@ -185,8 +185,8 @@ def _role_model_cost(a):
 
 
 def _role_merge(a):
-  from peat_jax.profiler import _records as _records  # pylint: disable=import-outside-toplevel
-  from peat_jax.profiler import _scaleout as _scaleout  # pylint: disable=import-outside-toplevel
+  from peat_jax import profiler as _records  # pylint: disable=import-outside-toplevel
+  from peat_jax import profiler as _scaleout  # pylint: disable=import-outside-toplevel
   d = a["dir"]
   shards = os.path.join(d, "shards")
   os.makedirs(shards)

@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax.sites import _discovery as _sites
-from peat_jax.sites import _substitution as S
+from peat_jax import sites as _sites
+from peat_jax import sites as S
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string("scenario", "gpt", "Scenario from peat_jax.models.")

@@ -30,7 +30,7 @@ from absl import logging
 import peat_jax as peat
 from peat_jax import models
 from peat_jax.kernels import native
-from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL
+from peat_jax.kernels import EXPECTED_ERROR_MODEL
 
 _SCENARIOS = flags.DEFINE_list("scenarios", ["cnn", "vit", "gpt"],
                                "Training scenarios (peat_jax.models).")

@@ -36,7 +36,7 @@ from absl import flags
 from absl import logging
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
+from peat_jax import profiler as _campaign
 from peat_jax import models
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/peat_readme_campaigns",

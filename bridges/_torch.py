@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 __all__ = ["TorchNotInstalledError", "require_torch", "torch_dtype",
            "jax_dtype", "to_torch", "from_torch", "to_numpy"]

@@ -44,10 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
-from peat_jax.sites import _composite as _composite
-from peat_jax.sites import _discovery as _sites
-from peat_jax.core._errors import PeatError
+from peat_jax import profiler as _campaign
+from peat_jax import sites as _composite
+from peat_jax import sites as _sites
+from peat_jax.core import PeatError
 
 __all__ = ["Comparison", "Named", "Point", "StepComparison", "TORCH_LAYOUTS",
            "compare_named", "compare_port", "compare_train_step", "jax_side",
@@ -142,8 +142,8 @@ def _golden_of(closed, site: _sites.Site) -> Callable:
   """``f(args, kwargs)`` computing a site's golden kernel (KUT signature)."""
   eqn = _eqn_at(closed.jaxpr, site.address)
   if site.composite:
-    _, _, call = _composite.lookup(eqn.params["name"])
-    if call.call_kut is not _composite._default_call_kut:  # pylint: disable=protected-access
+    call = peat.sites.composite_of(eqn)
+    if call.calls_module:
       raise PeatError(f"site {site.name!r} is a composite_call of a module; "
                       "compare a site of a marked function instead")
     return lambda args, kwargs: call.fn(*args, **kwargs)

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.buffer_callback import buffer_callback
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 from peat_jax.bridges._torch import jax_dtype
 from peat_jax.bridges._torch import require_torch
 from peat_jax.bridges._torch import torch_dtype

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 from flax import nnx
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 from peat_jax.models import minilm as minilm_lib
 from peat_jax.models import wordpiece
 

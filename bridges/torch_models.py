@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 from peat_jax.bridges._torch import require_torch
 from peat_jax.bridges._torch import to_numpy
 from peat_jax.bridges._torch import torch_dtype

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 from peat_jax.models import layers
 from peat_jax.models import wordpiece
 

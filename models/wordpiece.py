@@ -29,7 +29,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
 MAX_CHARS_PER_WORD = 100

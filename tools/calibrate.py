@@ -26,10 +26,10 @@ from jax import lax
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.detector import _calibration as _calibration
+from peat_jax import detector as _calibration
 from peat_jax import models
 from peat_jax.kernels import native
-from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL
+from peat_jax.kernels import EXPECTED_ERROR_MODEL
 from peat_jax.models import layers
 
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16", "float16"],

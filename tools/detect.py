@@ -35,8 +35,8 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 import numpy as np
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
-from peat_jax.profiler import _campaign_report as _campaign_report
+from peat_jax import profiler as _campaign
+from peat_jax import profiler as _campaign_report
 
 _SIGNATURE = flags.DEFINE_string(
     "signature", None, "A signature .npz written by peat-analyze --out.",

@@ -41,10 +41,10 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
-from peat_jax.profiler import _campaign_report as _campaign_report
-from peat_jax.profiler import _capture_io as _capture_io
-from peat_jax.profiler import _oplevel as _oplevel
+from peat_jax import profiler as _campaign
+from peat_jax import profiler as _campaign_report
+from peat_jax import profiler as _capture_io
+from peat_jax import profiler as _oplevel
 from peat_jax.kernels import kut as _kut
 
 _CAMPAIGN_DIR = flags.DEFINE_string(

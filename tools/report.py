@@ -24,8 +24,8 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
-from peat_jax.profiler import _campaign_report as _campaign_report
+from peat_jax import profiler as _campaign
+from peat_jax import profiler as _campaign_report
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory to report. Required.",

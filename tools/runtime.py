@@ -35,7 +35,7 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
+from peat_jax import profiler
 from peat_jax.kernels import kut as _kut
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
@@ -62,7 +62,7 @@ _SELECT = flags.DEFINE_string(
 _TASK = _cli.define_task_flags(FLAGS)
 
 
-def summary(result: _campaign.RuntimeResult) -> str:
+def summary(result: profiler.RuntimeResult) -> str:
   """Per-frequency table: final losses, largest loss gap, divergence."""
   rows = []
   for r in result.runs:
@@ -92,10 +92,10 @@ def main(argv: list[str]) -> int:
   try:
     _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
     for f in _FREQUENCIES.value:
-      _campaign.parse_frequency(f)
+      profiler.parse_frequency(f)
     task = _TASK.task(directory)
-    with _campaign.campaign_lock(directory):
-      result = _campaign.runtime(
+    with profiler.campaign_lock(directory):
+      result = profiler.runtime(
           task, os.path.join(directory, "golden"), _KUT.value,
           frequencies=tuple(_FREQUENCIES.value), steps=_STEPS.value,
           start_step=_START.value, seeds=seeds, campaign_dir=directory,
@@ -105,7 +105,7 @@ def main(argv: list[str]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(summary(result))
-  print(f"records: {os.path.join(directory, _campaign.RUNTIME_FILE)}")
+  print(f"records: {os.path.join(directory, profiler.RUNTIME_FILE)}")
   return 0
 
 

@@ -40,9 +40,9 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat  # pylint: disable=g-import-not-at-top,wrong-import-position
-from peat_jax.profiler import _campaign as _campaign  # pylint: disable=g-import-not-at-top,wrong-import-position
-from peat_jax.profiler import _data_parallel as _data_parallel  # pylint: disable=g-import-not-at-top,wrong-import-position
-from peat_jax.profiler import _scaleout as _scaleout  # pylint: disable=g-import-not-at-top,wrong-import-position
+from peat_jax import profiler as _campaign  # pylint: disable=g-import-not-at-top,wrong-import-position
+from peat_jax import profiler as _data_parallel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from peat_jax import profiler as _scaleout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from peat_jax import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from peat_jax.kernels import kut as _kut  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -22,7 +22,7 @@ import jax
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.sites import _discovery as _sites
+from peat_jax import sites as _sites
 from peat_jax import models
 
 _MODEL = flags.DEFINE_string(

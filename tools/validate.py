@@ -31,8 +31,8 @@ from absl import logging
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
-from peat_jax.profiler import _isolate as _isolate
+from peat_jax import profiler as _campaign
+from peat_jax import profiler as _isolate
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string(

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 _FLOATS = (np.float16, np.float32, np.float64)
 

@@ -1,1 +1,26 @@
-"""peat_jax.detector (facade: filled in by the split step)."""
+"""The Detector: which error model explains a signature, with evidence.
+
+Private modules: ``_facts`` (floating-point facts, the Candidate and
+Diagnosis types, the numbers the rules share), ``_rules`` (structural
+faults), ``_rounding`` (dense rounding-level errors), ``_detect`` (the
+ranking of the rules' candidates into a diagnosis), ``_verdict`` (one
+verdict over many records) and ``_calibration`` (confusion matrices on
+errors of known cause). docs/detector.md lists every rule with its
+derivation.
+"""
+
+from peat_jax.detector._calibration import BENIGN as BENIGN
+from peat_jax.detector._calibration import CalibrationCase as CalibrationCase
+from peat_jax.detector._calibration import CalibrationRecord as CalibrationRecord
+from peat_jax.detector._calibration import CalibrationResult as CalibrationResult
+from peat_jax.detector._calibration import is_correct as is_correct
+from peat_jax.detector._calibration import run_calibration as run_calibration
+from peat_jax.detector._detect import detect as detect
+from peat_jax.detector._detect import detect_batch as detect_batch
+from peat_jax.detector._facts import FAULT_MODELS as FAULT_MODELS
+from peat_jax.detector._facts import PRECISION_MODELS as PRECISION_MODELS
+from peat_jax.detector._facts import Candidate as Candidate
+from peat_jax.detector._facts import Diagnosis as Diagnosis
+from peat_jax.detector._facts import host_signature as host_signature
+from peat_jax.detector._verdict import Verdict as Verdict
+from peat_jax.detector._verdict import verdict as verdict

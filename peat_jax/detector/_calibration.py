@@ -25,11 +25,11 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax.analyzer import _signature as _analyzer
+from peat_jax import analyzer as _analyzer
 from peat_jax.detector import _detect as _detector
-from peat_jax.injectors import _api as _inject
-from peat_jax.analyzer import _references as _reference
-from peat_jax.core._errors import PeatError
+from peat_jax import injectors as _injectors
+from peat_jax.core import PeatError
+from peat_jax.detector import _facts
 
 #: Predicted models that count as "no fault" for miss / false-alarm rates.
 BENIGN = ("exact", "reordering")
@@ -145,7 +145,7 @@ def _injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
   # nothing (only out-of-range values): such a "precision loss" is no case.
   own = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
   for fmt in ("bf16", "fp16", "fp8_e4m3"):
-    if _detector.UNIT_ROUNDOFF[fmt] > own:
+    if _facts.UNIT_ROUNDOFF[fmt] > own:
       out.append((f"precision:{fmt}", f"precision:{fmt}", {}))
   if len(shape) >= 2 and shape[-2] >= 8 and cols >= 8:
     out.append(("zero", "zero", {"mode": "rows", "count": 1}))
@@ -212,14 +212,14 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
                      if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
                      else jnp.asarray(x) for x in case.inputs)
       g = jax.jit(case.golden_fn)(*inputs)
-      r = _reference.reference(case.golden_fn, *inputs)
+      r = _analyzer.reference(case.golden_fn, *inputs)
       for seed in seeds:
         rng = np.random.default_rng(
             [seed, len(records), int(np.prod(g.shape))])
         for k, (expected, name, params) in enumerate(
             _injections(rng, tuple(g.shape), dtype)):
           key = jax.random.PRNGKey(1000 * seed + k)
-          t = _inject.inject(name, key, g, **params)
+          t = _injectors.inject(name, key, g, **params)
           if bool(jnp.all(lax.bitcast_convert_type(t, _uint(t.dtype)) ==
                           lax.bitcast_convert_type(g, _uint(g.dtype)))):
             expected = "exact"  # the fault hit values it does not change
@@ -233,7 +233,7 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
             ("accumulation:bf16", "accumulation:bf16", {"chunk": 1}),
             ("reordering", "reordering", {"blocks": 4}),
             ("nondeterminism", "nondeterminism", {"blocks": 8})):
-          kut = _inject.injecting_kernel(name, case.golden_fn, where="fwd",
+          kut = _injectors.injecting_kernel(name, case.golden_fn, where="fwd",
                                          **params)
           t = jax.jit(kut)(*inputs, inject_key=jax.random.PRNGKey(1))
           rep = (jax.jit(kut)(*inputs, inject_key=jax.random.PRNGKey(2))
@@ -285,8 +285,8 @@ def _summarize(records: list[CalibrationRecord]) -> CalibrationResult:
     if rows:
       per_model[l] = sum(is_correct(r) for r in rows) / len(rows)
   benign = [r for r in records if r.expected in BENIGN]
-  faults = [r for r in records if r.expected in _detector.FAULT_MODELS]
-  false_alarms = sum(r.predicted.split(":")[0] in _detector.FAULT_MODELS
+  faults = [r for r in records if r.expected in _facts.FAULT_MODELS]
+  false_alarms = sum(r.predicted.split(":")[0] in _facts.FAULT_MODELS
                      for r in benign)
   misses = sum(r.predicted in BENIGN for r in faults)
   return CalibrationResult(

@@ -1,1 +1,29 @@
-"""peat_jax.injectors (facade: filled in by the split step)."""
+"""Fault injectors: every error model the Detector knows, made on purpose.
+
+Private modules: ``_checks`` (names, keys, parameters, before tracing),
+``_api`` (one injection on a tensor), ``_models`` (the tensor error models
+and their registry), ``_params`` (parameter specs), ``_random``
+(counter-based random numbers), ``_formats`` (number formats and rounding),
+``_compute`` (errors of the computation: accumulation, reordering,
+nondeterminism), ``_kernel`` (an error model as a kernel under test),
+``_trees`` (parameters, gradients, optimizer state) and ``_campaigns``
+(many seeded injections as one vmapped program). docs/error_models.md.
+"""
+
+from peat_jax.injectors._api import bit_probabilities as bit_probabilities
+from peat_jax.injectors._api import inject as inject
+from peat_jax.injectors._api import injection_params as injection_params
+from peat_jax.injectors._campaigns import Campaign as Campaign
+from peat_jax.injectors._campaigns import InjectionRecord as InjectionRecord
+from peat_jax.injectors._campaigns import campaign as campaign
+from peat_jax.injectors._campaigns import kernel_campaign as kernel_campaign
+from peat_jax.injectors._campaigns import replay as replay
+from peat_jax.injectors._checks import COMPUTATION_ERROR_MODELS as COMPUTATION_ERROR_MODELS
+from peat_jax.injectors._checks import ERROR_MODELS as ERROR_MODELS
+from peat_jax.injectors._checks import FORMATS as FORMATS
+from peat_jax.injectors._checks import TENSOR_ERROR_MODELS as TENSOR_ERROR_MODELS
+from peat_jax.injectors._kernel import injecting_kernel as injecting_kernel
+from peat_jax.injectors._trees import InjectGradientsState as InjectGradientsState
+from peat_jax.injectors._trees import inject_gradients as inject_gradients
+from peat_jax.injectors._trees import inject_tree as inject_tree
+from peat_jax.injectors._trees import tree_path as tree_path

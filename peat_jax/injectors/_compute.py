@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from peat_jax.injectors import _formats as fm
 from peat_jax.injectors import _params as pp
 from peat_jax.injectors import _random as rnd
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 KERNEL_SPECS: dict[str, dict[str, pp.Param]] = {
     **{f"accumulation:{f}": {

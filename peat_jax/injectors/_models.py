@@ -26,7 +26,7 @@ import numpy as np
 from peat_jax.injectors import _formats as fm
 from peat_jax.injectors import _params as pp
 from peat_jax.injectors import _random as rnd
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 # ---------------------------------------------------------------------------
 # Selections.

@@ -9,7 +9,7 @@ the compiled injectors.
 import numbers
 from typing import Any, Callable, Mapping
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 REQUIRED = object()
 """Marks a parameter without a default."""

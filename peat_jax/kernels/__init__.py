@@ -1,1 +1,19 @@
-"""Kernel registry: golden kernels and kernels under test (KUTs)."""
+"""Kernels: KUT specs, golden kernels and kernels under test as JAX custom calls.
+
+Modules: ``kut`` (KUT specs -> substitutions and callables), ``native``
+(the native kernels and their variants: XLA FFI custom calls, C++ for CPU,
+CUDA and HIP for GPUs, sources in ``csrc/``), ``reference`` (float64
+references, tolerances and seeded inputs for checks of native variants),
+``_ffi`` (every ``ffi_call`` of peat_jax, in one module) and ``_variants``
+(the variants' names, codes and expected error models). BUILD.md says how
+the native libraries are built.
+"""
+
+from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL as EXPECTED_ERROR_MODEL
+from peat_jax.kernels._variants import NONDETERMINISTIC as NONDETERMINISTIC
+from peat_jax.kernels._variants import variants as variants
+from peat_jax.kernels.kut import KutSpec as KutSpec
+from peat_jax.kernels.kut import known_specs as known_specs
+from peat_jax.kernels.kut import parse_kut as parse_kut
+from peat_jax.kernels.kut import register_kut as register_kut
+from peat_jax.kernels.kut import resolve_kut as resolve_kut

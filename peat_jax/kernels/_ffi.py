@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 # Handler symbol in the library -> FFI target name.
 _TARGETS = {

@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax.core._errors import PeatError
-from peat_jax.sites._substitution import GOLDEN
-from peat_jax.sites._substitution import Substitution
+from peat_jax.core import PeatError
+from peat_jax.sites import GOLDEN
+from peat_jax.sites import Substitution
 from peat_jax.kernels import _variants
 
 __all__ = ["KutSpec", "broken_adapter", "dot_general_adapter",
@@ -382,7 +382,7 @@ def reference_fn(kernel: str, params: dict) -> Callable:
   Returns:
     ``f(*site_inputs) -> float64 host array`` (via ``peat.reference``).
   """
-  from peat_jax.analyzer import _references as _reference
+  from peat_jax import analyzer as _reference
   traced = reference_traced(kernel, params)
   if traced is not None:
     return lambda *xs: _reference.reference(traced, *xs)

@@ -31,7 +31,7 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 from peat_jax.kernels import _ffi
 from peat_jax.kernels._variants import BROKEN_MODES
 from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL

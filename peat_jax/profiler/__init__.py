@@ -1,1 +1,85 @@
-"""peat_jax.profiler (facade: filled in by the split step)."""
+"""The Profiler: golden runs, playback FI, runtime FI, captures, campaigns.
+
+PEAT's Profiler invokes the kernel under test operation by operation inside
+a training flow and collects model states. Private modules:
+
+* ``_train_state``: the training contract (``TrainState``, ``TrainTask``);
+* ``_checkpoint``, ``_checkpoint_local``, ``_golden``: golden training with
+  Orbax checkpoints, restores (also one process of a multi-process run);
+* ``_records``: the campaign's append-only, checksummed record files;
+* ``_site_records``, ``_player``, ``_playback``: playback FI (a checkpoint's
+  records, the jitted pair of steps, the driver over checkpoints);
+* ``_runtime``: runtime FI at a frequency against the golden trajectory;
+* ``_capture``, ``_capture_io``, ``_oplevel``: golden profiles with
+  captured site inputs, and op-level playback on them;
+* ``_monitor``: a KUT inside a user's own training loop;
+* ``_isolate``, ``_isolated``, ``_isolate_worker``: playback and runtime FI
+  in worker processes (crashes and hangs become findings);
+* ``_scaleout``, ``_data_parallel``: playback over devices and hosts,
+  runtime FI of data-parallel training;
+* ``_campaign``, ``_campaign_report``: ``validate`` (the whole pipeline)
+  and rebuilding a report from a campaign directory.
+"""
+
+from peat_jax.profiler._campaign import CampaignPaths as CampaignPaths
+from peat_jax.profiler._campaign import campaign_lock as campaign_lock
+from peat_jax.profiler._campaign import summary_table as summary_table
+from peat_jax.profiler._campaign import validate as validate
+from peat_jax.profiler._campaign_report import SOURCES as SOURCES
+from peat_jax.profiler._campaign_report import load_report_data as load_report_data
+from peat_jax.profiler._campaign_report import rebuild_report as rebuild_report
+from peat_jax.profiler._campaign_report import report_data as report_data
+from peat_jax.profiler._capture import ProfileResult as ProfileResult
+from peat_jax.profiler._capture import capture_step_list as capture_step_list
+from peat_jax.profiler._capture import profile as profile
+from peat_jax.profiler._capture_io import load_record as load_record
+from peat_jax.profiler._capture_io import read_index as read_index
+from peat_jax.profiler._checkpoint import saved_steps as saved_steps
+from peat_jax.profiler._checkpoint_local import reader as local_reader
+from peat_jax.profiler._checkpoint_local import restore_on as restore_on
+from peat_jax.profiler._data_parallel import RUNTIME_DP_FILE as RUNTIME_DP_FILE
+from peat_jax.profiler._data_parallel import data_parallel_runtime as data_parallel_runtime
+from peat_jax.profiler._data_parallel import shard_kut as shard_kut
+from peat_jax.profiler._golden import GoldenResult as GoldenResult
+from peat_jax.profiler._golden import StateReader as StateReader
+from peat_jax.profiler._golden import abstract_state as abstract_state
+from peat_jax.profiler._golden import golden_train as golden_train
+from peat_jax.profiler._golden import read_log as read_log
+from peat_jax.profiler._golden import restore_state as restore_state
+from peat_jax.profiler._isolate import MEMORY_LIMIT_MB as MEMORY_LIMIT_MB
+from peat_jax.profiler._isolate import STARTUP_S as STARTUP_S
+from peat_jax.profiler._isolate import TIMEOUT_S as TIMEOUT_S
+from peat_jax.profiler._isolate import TaskFactory as TaskFactory
+from peat_jax.profiler._isolated import check_kut as check_kut
+from peat_jax.profiler._isolated import read_findings as read_findings
+from peat_jax.profiler._monitor import Monitor as Monitor
+from peat_jax.profiler._oplevel import OPS_FILE as OPS_FILE
+from peat_jax.profiler._oplevel import OpsResult as OpsResult
+from peat_jax.profiler._oplevel import captures_dir_of as captures_dir_of
+from peat_jax.profiler._oplevel import playback_ops as playback_ops
+from peat_jax.profiler._oplevel import select_entries as select_entries
+from peat_jax.profiler._player import Player as Player
+from peat_jax.profiler._player import PlayerGroup as PlayerGroup
+from peat_jax.profiler._player import select_calls as select_calls
+from peat_jax.profiler._playback import PlaybackResult as PlaybackResult
+from peat_jax.profiler._playback import localize as localize
+from peat_jax.profiler._playback import playback as playback
+from peat_jax.profiler._playback import playback_many as playback_many
+from peat_jax.profiler._records import PLAYBACK_FILE as PLAYBACK_FILE
+from peat_jax.profiler._records import RUNTIME_FILE as RUNTIME_FILE
+from peat_jax.profiler._records import RecordFileError as RecordFileError
+from peat_jax.profiler._records import append_records as append_records
+from peat_jax.profiler._records import read_records as read_records
+from peat_jax.profiler._records import repair_records as repair_records
+from peat_jax.profiler._records import signature_record as signature_record
+from peat_jax.profiler._runtime import RuntimeResult as RuntimeResult
+from peat_jax.profiler._runtime import divergence as divergence
+from peat_jax.profiler._runtime import envelope as envelope
+from peat_jax.profiler._runtime import parse_frequency as parse_frequency
+from peat_jax.profiler._runtime import runtime as runtime
+from peat_jax.profiler._scaleout import init_distributed as init_distributed
+from peat_jax.profiler._scaleout import merge_shards as merge_shards
+from peat_jax.profiler._scaleout import sharded_playback as sharded_playback
+from peat_jax.profiler._site_records import site_record as site_record
+from peat_jax.profiler._train_state import TrainState as TrainState
+from peat_jax.profiler._train_state import TrainTask as TrainTask

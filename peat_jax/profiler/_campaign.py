@@ -31,34 +31,20 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from peat_jax.detector import _detect as _detector
+from peat_jax import detector as _detector
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler import _isolate as _isolate
-from peat_jax.report import _html as _report
-from peat_jax.core._errors import PeatError
+from peat_jax import report as _report
+from peat_jax.core import PeatError
 # Re-exported: the campaign layers, reachable from one module.
-from peat_jax.profiler._playback import LOCALIZE_NOISE_RATIO  # noqa: F401
-from peat_jax.profiler._playback import PlaybackResult  # noqa: F401
-from peat_jax.profiler._playback import SiteCall  # noqa: F401
-from peat_jax.profiler._playback import localize  # noqa: F401
 from peat_jax.profiler._playback import playback
-from peat_jax.profiler._playback import select_calls  # noqa: F401
-from peat_jax.profiler._playback import site_record  # noqa: F401
-from peat_jax.profiler._records import PLAYBACK_FILE  # noqa: F401
-from peat_jax.profiler._records import RUNTIME_FILE  # noqa: F401
-from peat_jax.profiler._records import append_records  # noqa: F401
 from peat_jax.profiler._records import diagnosis_of
-from peat_jax.profiler._records import read_records  # noqa: F401
-from peat_jax.profiler._records import signature_record  # noqa: F401
-from peat_jax.profiler._runtime import RuntimeResult  # noqa: F401
-from peat_jax.profiler._runtime import divergence  # noqa: F401
-from peat_jax.profiler._runtime import envelope  # noqa: F401
 from peat_jax.profiler._runtime import parse_frequency
 from peat_jax.profiler._runtime import runtime
 from peat_jax.profiler._isolate import TaskFactory
-from peat_jax.profiler._records import RecordFileError  # noqa: F401
 from peat_jax.profiler._train_state import TrainTask
 from peat_jax.kernels import kut as _kut
+from peat_jax.profiler import _isolated
 
 SETTINGS_FILE = "campaign.json"
 LOCK_FILE = ".lock"
@@ -380,7 +366,7 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
     say(f"[2/4] playback FI of {kut_spec} at {len(g.steps) - 1} "
         f"checkpoints{iso}")
     if isolated:
-      pb = _isolate.isolated_playback(factory, g.workdir, kut_spec,
+      pb = _isolated.isolated_playback(factory, g.workdir, kut_spec,
                                       campaign_dir=directory, select=select,
                                       progress=say, **limits)
     else:
@@ -391,7 +377,7 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
       say(f"[3/4] runtime FI: {', '.join(frequencies)}, {runtime_steps} "
           f"steps{iso}")
       if isolated:
-        rt = _isolate.isolated_runtime(
+        rt = _isolated.isolated_runtime(
             factory, g.workdir, kut_spec, frequencies=frequencies,
             steps=runtime_steps, campaign_dir=directory, select=select,
             progress=say, **limits)
@@ -401,7 +387,7 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
                      select=select, progress=say)
     say("[4/4] verdict and report")
     diags = {(r["site"], r["step"]): diagnosis_of(r) for r in pb.records}
-    findings = _isolate.read_findings(directory, kut_spec)
+    findings = _isolated.read_findings(directory, kut_spec)
     verdict = _verdict_data(diags, findings)
     data = {
         "title": f"peat_jax validation: {kut_spec} on {settings['scenario']}",

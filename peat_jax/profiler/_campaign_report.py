@@ -18,10 +18,12 @@ import os
 from typing import Any, NamedTuple, Sequence
 
 from peat_jax.profiler import _campaign as _campaign
-from peat_jax.profiler import _isolate as _isolate
-from peat_jax.report import _html as _report
-from peat_jax.core._errors import PeatError
+from peat_jax import report as _report
+from peat_jax.core import PeatError
 from peat_jax.profiler._oplevel import OPS_FILE
+from peat_jax.profiler import _records
+from peat_jax.profiler import _playback
+from peat_jax.profiler import _isolated
 
 SOURCES = ("auto", "playback", "ops")
 
@@ -69,7 +71,7 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
       "verdict": verdict,
       "crashes": list(findings),
       "sites": entries,
-      "localization": _campaign.localize(records, sites),
+      "localization": _playback.localize(records, sites),
       "playback": {
           "steps": [e["step"] for e in effects],
           "loss_golden": [e["loss_golden"] for e in effects],
@@ -151,8 +153,8 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
     raise PeatError(f"source must be one of {SOURCES}; got {source!r}")
   settings = _read_json(os.path.join(d, _campaign.SETTINGS_FILE))
   run = _read_json(os.path.join(d, "golden", "run.json"))
-  pb = _campaign.read_records(os.path.join(d, _campaign.PLAYBACK_FILE))
-  ops = _campaign.read_records(os.path.join(d, OPS_FILE))
+  pb = _records.read_records(os.path.join(d, _records.PLAYBACK_FILE))
+  ops = _records.read_records(os.path.join(d, OPS_FILE))
   if source == "auto":
     source = "playback" if any(r.get("kind") == "site" for r in pb) else "ops"
   recs = pb if source == "playback" else ops
@@ -166,14 +168,14 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
           f"found {kuts or 'none'}. Fix: pass the KUT to report (--kut)")
     kut = kuts[0]
   sites = [r for r in sites if r["kut"] == kut]
-  findings = _isolate.read_findings(d, kut) if source == "playback" else []
+  findings = _isolated.read_findings(d, kut) if source == "playback" else []
   if not sites and not findings:
     raise PeatError(f"{d} holds no {source} record of KUT {kut!r} (KUTs "
                     f"there: {kuts}); run playback first")
   effects = [r for r in recs if r.get("kind") == "effect"
              and r.get("kut") == kut]
   rt, spread = _runtime_runs(
-      _campaign.read_records(os.path.join(d, _campaign.RUNTIME_FILE)), kut,
+      _records.read_records(os.path.join(d, _records.RUNTIME_FILE)), kut,
       settings)
   scenario = settings.get("scenario") or run.get("task") or "unknown"
   shown = {k: v for k, v in settings.items() if k != "task_config"}

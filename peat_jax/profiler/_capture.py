@@ -38,10 +38,9 @@ import numpy as np
 from peat_jax.profiler import _campaign as _campaign
 from peat_jax.profiler import _capture_io as io
 from peat_jax.profiler import _golden as _golden
-from peat_jax.sites import _discovery as _sites
-from peat_jax.sites import _substitution as _sites_subst
+from peat_jax import sites as _sites
 from peat_jax.profiler._checkpoint import saved_steps
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainTask
 
 CAPTURE_DIR = "captures"
@@ -110,7 +109,7 @@ def record_file(step: int, site: str) -> str:
   return f"step_{step:06d}/{_safe(site)}.npz"
 
 
-def _tap_arrays(tap: _sites_subst.Tap) -> dict:
+def _tap_arrays(tap: _sites.Tap) -> dict:
   outs = tap.golden if isinstance(tap.golden, tuple) else (tap.golden,)
   arrays = {f"in{i}": x for i, x in enumerate(tap.inputs)}
   arrays.update({f"out{i}": x for i, x in enumerate(outs)})
@@ -328,7 +327,7 @@ def _select(task: TrainTask, state, batch, selection: dict):
                     f"{task.name!r}; list them with peat-sites")
   params = {s.name: io.encode_params(s, io.eqn_at(closed, s.address))
             for s in chosen}
-  tapped = _sites_subst.tap(task.step_fn, _sites_subst.Substitution(
+  tapped = _sites.tap(task.step_fn, _sites.Substitution(
       None, sites=tuple(s.name for s in chosen)))
   return chosen, params, tapped
 

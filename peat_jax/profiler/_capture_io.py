@@ -38,9 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from peat_jax.sites import _composite as _composite
-from peat_jax.sites import _discovery as _sites
-from peat_jax.core._errors import PeatError
+from peat_jax import sites as _sites
+from peat_jax.core import PeatError
 
 INDEX_FILE = "index.json"
 FORMAT_VERSION = 1
@@ -309,9 +308,8 @@ def encode_params(site: _sites.Site, eqn) -> dict:
     PeatError: a parameter that cannot be stored, naming the site.
   """
   if site.composite:
-    _, _, call = _composite.lookup(eqn.params["name"])
-    default = _composite._default_call_kut  # pylint: disable=protected-access
-    if call.call_kut is not default:
+    call = _sites.composite_of(eqn)
+    if call.calls_module:
       raise PeatError(f"cannot capture composite site {site.name!r}: it "
                       "calls a Flax module (peat.composite_call), which "
                       "cannot be rebuilt without the model. Fix: leave it "

@@ -26,7 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
-from peat_jax.core._errors import CheckpointError
+from peat_jax.core import CheckpointError
 from peat_jax.profiler._train_state import TrainState
 
 FORMAT_VERSION = 2  # 2: SHA-256 fingerprint of the state in meta

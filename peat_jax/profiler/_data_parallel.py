@@ -21,10 +21,10 @@ from jax.sharding import PartitionSpec as P
 
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler import _runtime as _runtime
-from peat_jax.sites import _substitution as _sites_subst
+from peat_jax import sites as _sites
 from peat_jax.profiler._checkpoint_local import restore_on
-from peat_jax.core._errors import PeatError
-from peat_jax.profiler._playback import select_calls
+from peat_jax.core import PeatError
+from peat_jax.profiler._player import select_calls
 from peat_jax.profiler._records import append_records
 from peat_jax.profiler._records import read_records
 from peat_jax.profiler._scaleout import local_devices
@@ -168,7 +168,7 @@ def shard_kut(kut: Callable, kernel: str, mesh: Mesh) -> Callable:
 def data_parallel_substitution(task: TrainTask, state, batch,
                                kut_spec: str, mesh: Mesh,
                                select: str | Sequence[str] | None = None
-                               ) -> _sites_subst.Substitution:
+                               ) -> _sites.Substitution:
   """The runtime-FI substitution of a spec, its KUT wrapped by :func:`shard_kut`.
 
   Args:
@@ -189,9 +189,9 @@ def data_parallel_substitution(task: TrainTask, state, batch,
   chosen, _ = select_calls(task, state, batch, kut_spec, select)
   names = tuple(c.site.name for c in chosen)
   kut = chosen[0].sub.kut
-  if kut != _sites_subst.GOLDEN:
+  if kut != _sites.GOLDEN:
     kut = shard_kut(kut, _kut.parse_kut(kut_spec).site_kernel, mesh)
-  return _sites_subst.Substitution(kut, sites=names,
+  return _sites.Substitution(kut, sites=names,
                                    backward=chosen[0].sub.backward)
 
 
@@ -285,7 +285,7 @@ def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
       subs.append(data_parallel_substitution(
           task, state0, batch_at(int(state0.data_position)), kut_spec, mesh,
           select))
-    return _dp_step(_sites_subst.substitute(
+    return _dp_step(_sites.substitute(
         task.step_fn, subs[0]._replace(schedule=sched)), mesh)
 
   return _runtime.run_frequencies(

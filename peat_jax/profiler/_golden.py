@@ -24,7 +24,7 @@ import msgpack
 import numpy as np
 
 from peat_jax.profiler import _checkpoint as _checkpoint
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainState, TrainTask
 
 LOG_FIELDS = ("step", "loss", "grad_norm", "update_norm")

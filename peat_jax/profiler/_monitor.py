@@ -25,11 +25,12 @@ from typing import Any, Callable, Sequence
 import jax
 
 from peat_jax.profiler import _campaign as _campaign
-from peat_jax.detector import _detect as _detector
-from peat_jax.sites import _discovery as _sites
-from peat_jax.sites import _substitution as _sites_subst
-from peat_jax.core._errors import PeatError
+from peat_jax import detector as _detector
+from peat_jax import sites as _sites
+from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
+from peat_jax.profiler import _records
+from peat_jax.profiler import _site_records
 
 MONITOR_FILE = "monitor.msgpack"
 
@@ -55,7 +56,7 @@ class Monitor:
 
   def __init__(self, step_fn: Callable, kut_spec: str,
                directory: str | os.PathLike, *,
-               schedule: Any = _sites_subst.EveryCall(),
+               schedule: Any = _sites.EveryCall(),
                record_every: int = 10,
                select: str | Sequence[str] | None = None,
                counter: Callable | None = None):
@@ -102,14 +103,14 @@ class Monitor:
                       f"step (select={self._select!r}); list them with "
                       "peat.discover_sites(step_fn, state, batch)")
     names = tuple(s.name for s, _ in self._chosen)
-    taps = [_sites_subst.Substitution(
+    taps = [_sites.Substitution(
         _kut.recording(sub.kut, s.name, s.kernel, s.composite, self._store),
         sites=(s.name,)) for s, sub in self._chosen]
-    self._tapped = jax.jit(_sites_subst.tap(self._step_fn, *taps,
+    self._tapped = jax.jit(_sites.tap(self._step_fn, *taps,
                                             continue_with="kut"))
     sub0 = self._chosen[0][1]
-    self._run = jax.jit(_sites_subst.substitute(
-        self._step_fn, _sites_subst.Substitution(
+    self._run = jax.jit(_sites.substitute(
+        self._step_fn, _sites.Substitution(
             sub0.kut, sites=names, schedule=self._schedule,
             backward=sub0.backward), counter=self._counter))
 
@@ -123,15 +124,15 @@ class Monitor:
       return self._run(state, batch)
     step = int(getattr(state, "step", call))
     (new_state, metrics), taps = self._tapped(state, batch)
-    records = [_campaign.site_record(site, self._store[site.name],
+    records = [_site_records.site_record(site, self._store[site.name],
                                      taps[site.name], self._spec, step)
                for site, _ in self._chosen]
-    _campaign.append_records(self.path, records)
+    _records.append_records(self.path, records)
     return new_state, metrics
 
   def records(self) -> list[dict]:
     """Every record written to ``monitor.msgpack`` so far."""
-    return _campaign.read_records(self.path)
+    return _records.read_records(self.path)
 
   def verdict(self) -> _detector.Verdict:
     """The verdict over the recorded (site, step) diagnoses.

@@ -5,7 +5,7 @@ captured (``<campaign>/captures/``), runs the kernel under test on each
 record's inputs, compares it with the golden kernel on the same inputs and
 with the float64 reference, and appends one record per (step, site) to
 ``<campaign>/ops.msgpack`` in the format of playback records
-(:func:`peat_jax.profiler._campaign.site_record`, docs/campaign.md), plus:
+(:func:`peat_jax.profiler._site_records.site_record`, docs/campaign.md), plus:
 
 * ``source``: ``"ops"``;
 * ``capture``: the record's file, relative to the captures directory;
@@ -37,13 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from peat_jax.profiler import _campaign as _campaign
 from peat_jax.profiler import _capture as _capture
 from peat_jax.profiler import _capture_io as io
-from peat_jax.sites import _discovery as _sites
-from peat_jax.sites import _substitution as _sites_subst
-from peat_jax.core._errors import PeatError
+from peat_jax import sites as _sites
+from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
+from peat_jax.profiler import _records
+from peat_jax.profiler import _site_records
+from peat_jax.profiler import _playback
 
 OPS_FILE = "ops.msgpack"
 
@@ -203,8 +204,8 @@ def op_record(entry: dict, arrays: dict, kut_spec: str) -> dict:
     same = all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
                for a, b in zip(golden, captured))
   test = _run_kut(kut_spec, site, params, inputs, golden)
-  tap = _sites_subst.Tap(tuple(inputs), _one(golden), _one(test))
-  rec = _campaign.site_record(site, params, tap, kut_spec, entry["step"])
+  tap = _sites.Tap(tuple(inputs), _one(golden), _one(test))
+  rec = _site_records.site_record(site, params, tap, kut_spec, entry["step"])
   rec.update(source="ops", capture=entry["file"], golden_from=frm,
              golden_rerun_bit_equal=same)
   return rec
@@ -247,7 +248,7 @@ def playback_ops(source: str | os.PathLike, kut_spec: str, *,
   path = os.path.join(campaign_dir, OPS_FILE)
   entries = select_entries(io.read_index(cdir), kut_spec, select=select,
                            phase=phase, steps=steps)
-  done = {(r["step"], r["site"]) for r in _campaign.read_records(path)
+  done = {(r["step"], r["site"]) for r in _records.read_records(path)
           if r.get("kind") == "site" and r.get("kut") == kut_spec}
   for i, e in enumerate(entries):
     tag = f"op {e['site']} step {e['step']} ({i + 1}/{len(entries)})"
@@ -256,7 +257,7 @@ def playback_ops(source: str | os.PathLike, kut_spec: str, *,
       continue
     t0 = time.perf_counter()
     rec = op_record(e, io.load_record(cdir, e), kut_spec)
-    _campaign.append_records(path, [rec])
+    _records.append_records(path, [rec])
     d = rec["diagnosis"]
     say(f"{tag}: {d['model']} ({d['verdict']}), noise ratio "
         f"{rec['signature'].get('noise_ratio', float('nan')):.3g} "
@@ -266,8 +267,8 @@ def playback_ops(source: str | os.PathLike, kut_spec: str, *,
     if e["site"] not in order:
       order.append(e["site"])
   wanted = {(e["step"], e["site"]) for e in entries}
-  recs = [r for r in _campaign.read_records(path)
+  recs = [r for r in _records.read_records(path)
           if r.get("kind") == "site" and r.get("kut") == kut_spec
           and (r["step"], r["site"]) in wanted]
   recs.sort(key=lambda r: (r["step"], order.index(r["site"])))
-  return OpsResult(recs, order, _campaign.localize(recs, order), path)
+  return OpsResult(recs, order, _playback.localize(recs, order), path)

@@ -35,8 +35,8 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
-from peat_jax.detector import _detect as _detector
-from peat_jax.core._errors import PeatError
+from peat_jax import detector as _detector
+from peat_jax.core import PeatError
 
 PLAYBACK_FILE = "playback.msgpack"
 RUNTIME_FILE = "runtime.msgpack"

@@ -17,33 +17,32 @@ import jax
 import numpy as np
 
 from peat_jax.profiler import _golden as _golden
-from peat_jax.sites import _substitution as _sites_subst
-from peat_jax.core._errors import PeatError
-from peat_jax.profiler._playback import select_calls
-from peat_jax.profiler._records import RUNTIME_FILE
-from peat_jax.profiler._records import append_records
-from peat_jax.profiler._records import read_records
+from peat_jax import sites as _sites
+from peat_jax.core import PeatError
+from peat_jax.profiler._player import select_calls
+from peat_jax.profiler._records import (
+    RUNTIME_FILE, append_records, read_records)
 from peat_jax.profiler._train_state import TrainTask
 
 
 def parse_frequency(freq: str) -> tuple[Any, str]:
   """``every`` / ``every_<n>`` / ``fraction_<p>`` -> (schedule, label)."""
   if freq == "every":
-    return _sites_subst.EveryCall(), "every call"
+    return _sites.EveryCall(), "every call"
   if freq.startswith("every_"):
     try:
       n = int(freq[6:])
     except ValueError:
       n = 0
     if n >= 1:
-      return _sites_subst.EveryNSteps(n), f"every {n}th step"
+      return _sites.EveryNSteps(n), f"every {n}th step"
   if freq.startswith("fraction_"):
     try:
       p = float(freq[9:])
     except ValueError:
       p = -1.0
     if 0.0 < p <= 1.0:
-      return _sites_subst.Fraction(p, seed=0), f"{p:.0%} of calls (seed 0)"
+      return _sites.Fraction(p, seed=0), f"{p:.0%} of calls (seed 0)"
   raise PeatError(f"unknown frequency {freq!r}; expected 'every', "
                   "'every_<n>' (n >= 1) or 'fraction_<p>' (0 < p <= 1), e.g. "
                   "'every_4', 'fraction_0.25'")
@@ -215,10 +214,10 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,
     if not subs:
       batch = task.batch_at(int(state0.data_position))
       chosen, _ = select_calls(task, state0, batch, kut_spec, select)
-      subs.append(_sites_subst.Substitution(
+      subs.append(_sites.Substitution(
           chosen[0].sub.kut, sites=tuple(c.site.name for c in chosen),
           backward=chosen[0].sub.backward))
-    return jax.jit(_sites_subst.substitute(
+    return jax.jit(_sites.substitute(
         task.step_fn, subs[0]._replace(schedule=sched)))
 
   return run_frequencies(

@@ -37,17 +37,14 @@ import jax
 import numpy as np
 
 from peat_jax.profiler import _golden as _golden
-from peat_jax.profiler._checkpoint_local import reader
-from peat_jax.profiler._checkpoint_local import restore_on
-from peat_jax.profiler._checkpoint_local import saved_steps_local
-from peat_jax.core._errors import PeatError
-from peat_jax.profiler._playback import Player
-from peat_jax.profiler._playback import PlaybackResult
-from peat_jax.profiler._playback import plan_steps
-from peat_jax.profiler._playback import playback_result
-from peat_jax.profiler._records import PLAYBACK_FILE
-from peat_jax.profiler._records import append_records
-from peat_jax.profiler._records import read_records
+from peat_jax.profiler._checkpoint_local import (
+    reader, restore_on, saved_steps_local)
+from peat_jax.core import PeatError
+from peat_jax.profiler._player import Player
+from peat_jax.profiler._playback import (
+    PlaybackResult, plan_steps, playback_result)
+from peat_jax.profiler._records import (
+    PLAYBACK_FILE, append_records, read_records)
 from peat_jax.profiler._train_state import TrainTask
 
 #: Folder of a campaign directory holding per-process shard record files.

@@ -1,1 +1,14 @@
-"""peat_jax.report (facade: filled in by the split step)."""
+"""The campaign report: one self-contained HTML page and the same data as JSON.
+
+Private modules: ``_schema`` (validation of the report data, strict JSON),
+``_html`` (the page's sections and :func:`write_report`), ``_charts``
+(inline SVG plots). docs/report.md has the schema.
+"""
+
+from peat_jax.report._html import finding_cause as finding_cause
+from peat_jax.report._html import render_html as render_html
+from peat_jax.report._html import write_report as write_report
+from peat_jax.report._schema import HTML_NAME as HTML_NAME
+from peat_jax.report._schema import JSON_NAME as JSON_NAME
+from peat_jax.report._schema import ReportPaths as ReportPaths
+from peat_jax.report._schema import VERDICTS as VERDICTS

@@ -1,1 +1,32 @@
-"""peat_jax.sites (facade: filled in by the split step)."""
+"""Sites: every kernel call of a train step, found, named, substituted, tapped.
+
+A *site* is one call of a kernel inside a traced step (docs/sites.md).
+Private modules: ``_discovery`` (tracing, walking the jaxpr, stable site
+names, selection), ``_composite`` (the ``@peat.composite`` marker of
+composite kernels), ``_schedules`` (when a KUT runs: every call, every n-th
+step, a seeded fraction), ``_substitution`` (a KUT in place of the golden
+kernel at selected sites, and taps of both on identical inputs, evaluated
+by the one jaxpr interpreter of peat_jax).
+"""
+
+from peat_jax.sites._composite import composite as composite
+from peat_jax.sites._composite import composite_call as composite_call
+from peat_jax.sites._composite import composite_of as composite_of
+from peat_jax.sites._discovery import PHASES as PHASES
+from peat_jax.sites._discovery import Site as Site
+from peat_jax.sites._discovery import SiteTable as SiteTable
+from peat_jax.sites._discovery import close_matches as close_matches
+from peat_jax.sites._discovery import discover_sites as discover_sites
+from peat_jax.sites._discovery import select_sites as select_sites
+from peat_jax.sites._discovery import site_regex as site_regex
+from peat_jax.sites._discovery import sub_jaxprs as sub_jaxprs
+from peat_jax.sites._discovery import trace as trace
+from peat_jax.sites._discovery import walk as walk
+from peat_jax.sites._schedules import EveryCall as EveryCall
+from peat_jax.sites._schedules import EveryNSteps as EveryNSteps
+from peat_jax.sites._schedules import Fraction as Fraction
+from peat_jax.sites._substitution import GOLDEN as GOLDEN
+from peat_jax.sites._substitution import Substitution as Substitution
+from peat_jax.sites._substitution import Tap as Tap
+from peat_jax.sites._substitution import substitute as substitute
+from peat_jax.sites._substitution import tap as tap

@@ -68,6 +68,12 @@ class CompositeCall:
   is_float: tuple
   call_kut: Callable = None
 
+  @property
+  def calls_module(self) -> bool:
+    """Whether the call is :func:`composite_call` of a Flax module (whose
+    kernel under test receives the module, not plain arrays)."""
+    return self.call_kut is not _default_call_kut
+
   def rebuild(self, arrays):
     """Returns ``(args, kwargs)`` with ``arrays`` put in the array slots."""
     it = iter(arrays)
@@ -77,6 +83,20 @@ class CompositeCall:
 
 _lock = threading.Lock()
 _registry: list[CompositeCall] = []
+
+
+def composite_of(eqn) -> "CompositeCall | None":
+  """The :class:`CompositeCall` of a composite site's equation, or None.
+
+  Args:
+    eqn: a jaxpr equation (a composite site is a nested ``jit`` named by
+      :func:`composite`).
+
+  Returns:
+    How the marked call was made, or None for any other equation.
+  """
+  found = lookup(eqn.params.get("name", "")) if "name" in eqn.params else None
+  return None if found is None else found[2]
 
 
 def lookup(name: str):
@@ -246,7 +266,7 @@ def composite(kind: str) -> Callable[[Callable], Callable]:
 
 
 def _check_kind(kind):
-  from peat_jax.core._errors import PeatError  # pylint: disable=g-import-not-at-top
+  from peat_jax.core import PeatError  # pylint: disable=g-import-not-at-top
 
   if not isinstance(kind, str) or not _KIND_RE.match(kind):
     raise PeatError(

@@ -44,7 +44,7 @@ from jax._src import source_info_util
 from jax.extend import core as jex_core
 
 from peat_jax.sites import _composite as _composite
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 PHASES = ("fwd", "bwd", "upd")
 

@@ -6,9 +6,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from peat_jax.analyzer import _signature as A
-from peat_jax.core._errors import PeatError
-from peat_jax.analyzer._references import reference_matmul
+from peat_jax import analyzer
+from peat_jax.analyzer import _api as api
+from peat_jax.analyzer import _bits as bits
+from peat_jax.core import PeatError
+from peat_jax.analyzer import reference_matmul
 
 SHAPE = (64, 96)
 DTYPES = {
@@ -37,7 +39,7 @@ def _leaves(sig):
 @pytest.mark.parametrize("name", list(DTYPES))
 def test_identical_records(name):
   g = _golden(DTYPES[name])
-  s = A.analyze(g, g.copy())
+  s = analyzer.analyze(g, g.copy())
   n = g.size
   assert int(s.n) == n
   assert int(s.dtype_code) == list(DTYPES).index(name)
@@ -64,7 +66,7 @@ def test_bitflip_lands_in_bit_histogram(name, bit):
   t = g.copy()
   flat = t.reshape(-1).view(UINT[g.itemsize])
   flat[idx] ^= UINT[g.itemsize](1) << UINT[g.itemsize](bit)
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   xor = np.asarray(s.bits_xor)
   assert xor.shape == (8 * g.itemsize,)
   assert xor[bit] == 37 and xor.sum() == 37
@@ -82,7 +84,7 @@ def test_statistics_match_float64_numpy():
   g = _golden(np.float32)
   rng = np.random.default_rng(2)
   t = (g * (1 + 3e-6 * rng.standard_normal(g.shape))).astype(np.float32)
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   d = t.astype(np.float64) - g.astype(np.float64)
   ad = np.abs(d)
   rel = ad / np.abs(g.astype(np.float64))
@@ -121,7 +123,7 @@ def test_statistics_match_float64_numpy():
   np.testing.assert_array_equal(
       s.ulp_hist, np.bincount(buckets.astype(int), minlength=33))
   # Percentiles: upper bound within one histogram bucket (factor 1.25).
-  for j, p in enumerate(A.PERCENTILES):
+  for j, p in enumerate(analyzer.PERCENTILES):
     exact = np.sort(ad.ravel())[int(np.ceil(p / 100 * ad.size)) - 1]
     got = float(s.abs_pct[j])
     assert exact <= got * (1 + 1e-7) and got <= exact * 1.25 + 1e-30
@@ -136,8 +138,8 @@ def test_statistics_match_float64_numpy():
 def test_bf16_rounding_signature():
   g = _golden(np.float32)
   t = g.astype(ml_dtypes.bfloat16).astype(np.float32)
-  s = A.analyze(t, g)
-  bf16 = A.NARROW_FORMATS.index("bf16")
+  s = analyzer.analyze(t, g)
+  bf16 = analyzer.NARROW_FORMATS.index("bf16")
   assert float(s.repr_test[bf16]) == 1.0
   assert float(s.repr_golden[bf16]) < 0.01
   u = 2.0**-8  # bf16 unit roundoff
@@ -156,43 +158,43 @@ def test_bf16_rounding_signature():
 def test_truncation_is_biased_toward_zero():
   g = _golden(np.float32)
   t = (g.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   assert int(s.n_mag_larger) == 0
   assert float(s.mag_bias) < -0.6
-  assert float(s.repr_test[A.NARROW_FORMATS.index("bf16")]) == 1.0
+  assert float(s.repr_test[analyzer.NARROW_FORMATS.index("bf16")]) == 1.0
 
 
 @pytest.mark.parametrize("axis,shift", [(-1, 1), (-1, -3), (0, 2), (0, -1)])
 def test_shift_is_found(axis, shift):
   g = _golden(np.float32)
   t = np.roll(g, shift, axis=axis)
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   if axis == -1:
     assert int(s.best_shift_col) == shift
-    assert float(s.shift_col_share[shift + A.SHIFT_RANGE]) > 1 - 1e-6
+    assert float(s.shift_col_share[shift + analyzer.SHIFT_RANGE]) > 1 - 1e-6
   else:
     assert int(s.best_shift_row) == shift
-    assert float(s.shift_row_share[shift + A.SHIFT_RANGE]) > 1 - 1e-6
+    assert float(s.shift_row_share[shift + analyzer.SHIFT_RANGE]) > 1 - 1e-6
   assert bool(s.is_permutation)
 
 
 def test_transpose_and_permutation():
   g = _golden(np.float32, shape=(48, 48))
-  s = A.analyze(g.T.copy(), g)
+  s = analyzer.analyze(g.T.copy(), g)
   assert float(s.transpose_share) == 1.0 and bool(s.is_permutation)
   rng = np.random.default_rng(3)
   perm = rng.permutation(g.reshape(-1)).reshape(g.shape)
-  assert bool(A.analyze(perm, g).is_permutation)
+  assert bool(analyzer.analyze(perm, g).is_permutation)
   other = g.copy()
   other[0, 0] = np.nextafter(other[0, 0], np.float32(np.inf))
-  assert not bool(A.analyze(other, g).is_permutation)
+  assert not bool(analyzer.analyze(other, g).is_permutation)
 
 
 @pytest.mark.parametrize("c", [0.5, 3.0, -2.0])
 def test_scale_estimate(c):
   g = _golden(np.float32)
   t = (g.astype(np.float64) * c).astype(np.float32)
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   np.testing.assert_allclose(float(s.scale), c, rtol=1e-5)  # float32 log2
   assert float(s.scale_spread) < 1e-6
 
@@ -201,14 +203,14 @@ def test_zero_tile_and_lane():
   g = _golden(np.float32)
   t = g.copy()
   t[8:16, 24:32] = 0.0  # one aligned 8x8 tile left zero
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   assert int(s.n_zeroed) == 64
   assert int(s.tile_ndiff[1, 3]) == 64 and int(s.tile_ndiff.sum()) == 64
   np.testing.assert_array_equal(s.tiles_all, [1, 0, 0])
   np.testing.assert_array_equal(s.tiles_any, [1, 1, 1])
   t = g.copy()
   t[:, 5::32] *= 1.5  # lane 5 corrupted
-  lanes = np.asarray(A.analyze(t, g).lane_ndiff)
+  lanes = np.asarray(analyzer.analyze(t, g).lane_ndiff)
   assert lanes[5] == t.shape[0] * 3 and lanes.sum() == lanes[5]
 
 
@@ -221,7 +223,7 @@ def test_special_values_counts():
   g2 = g.copy()
   g2[3, :4] = np.float32(1e-40)  # subnormal golden
   t[3, :4] = 0.0                 # flushed to zero
-  s = A.analyze(t, g2)
+  s = analyzer.analyze(t, g2)
   assert int(s.n_nan_test) == 3 and int(s.n_inf_test) == 2
   assert int(s.n_nonfinite_new) == 5
   assert int(s.n_saturated) == 3  # 2 Inf + 1 at the float32 max
@@ -229,7 +231,7 @@ def test_special_values_counts():
   assert int(s.n_overflow) == 0 and int(s.dtype_code) == 0
   g3 = g.copy()
   g3[1, :2] = 1e5  # beyond fp16 / fp8 maxima: Inf is an overflow
-  assert int(A.analyze(t, g3).n_overflow) == 2
+  assert int(analyzer.analyze(t, g3).n_overflow) == 2
   assert int(s.n_finite_pairs) == g.size - 5
   assert np.isfinite(float(s.abs_rms)) and np.isfinite(float(s.rel_rms))
 
@@ -238,7 +240,7 @@ def test_special_values_counts():
 def test_degenerate_golden_is_defined(fill):
   g = np.full(SHAPE, fill, np.float32)
   t = _golden(np.float32)
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   if fill == 0.0:
     assert int(s.n_golden_zero) == g.size
     # rel = |d| / tiny: huge but finite, never a division by zero.
@@ -268,10 +270,10 @@ def test_representable_is_the_exact_round_trip(name):
     x = x.astype(DTYPES[name])
   u = x.view(UINT[x.itemsize])
   with jax.enable_x64(name == "float64"):
-    got = jax.jit(lambda v: A._representable(v, x.dtype))(u)
+    got = jax.jit(lambda v: bits._representable(v, x.dtype))(u)
   xd = x.astype(np.float64)
   with np.errstate(over="ignore", invalid="ignore"):
-    for fmt, mask in zip(A.NARROW_FORMATS, got):
+    for fmt, mask in zip(analyzer.NARROW_FORMATS, got):
       if fmt == "tf32":
         x32 = xd.astype(np.float32)
         want = (x32.astype(np.float64) == xd) & (
@@ -296,7 +298,7 @@ def test_noise_floor_ratio_with_reference():
   g = np.asarray(jnp.matmul(a, b, precision="highest"))
   t = np.asarray(jnp.matmul(a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
                             preferred_element_type=jnp.float32))
-  s = A.analyze(t, g, reference=r)
+  s = analyzer.analyze(t, g, reference=r)
   assert bool(s.has_reference)
   err_g = np.abs(g.astype(np.float64) - r)
   np.testing.assert_allclose(float(s.ref_golden_abs_max), err_g.max(),
@@ -305,7 +307,7 @@ def test_noise_floor_ratio_with_reference():
                              np.sqrt((err_g**2).mean()), rtol=1e-5)
   assert float(s.noise_ratio) > 10  # bf16 inputs: far above the floor
   assert float(s.share_golden_closer) > 0.9
-  same = A.analyze(g, g, reference=r)
+  same = analyzer.analyze(g, g, reference=r)
   assert float(same.noise_ratio) == 1.0
   assert float(same.share_test_closer) == 0.0
 
@@ -321,10 +323,10 @@ def test_batch_matches_single_records():
   gs = np.stack([_golden(np.float32, seed=i) for i in range(3)])
   ts = (gs * (1 + 1e-6 * rng.standard_normal(gs.shape))).astype(np.float32)
   ts[1, 2, 3] = np.nan
-  sb = A.analyze_batch(ts, gs)
+  sb = analyzer.analyze_batch(ts, gs)
   for i in range(3):
-    si = A.analyze(ts[i], gs[i])
-    for name in A.Signature._fields:
+    si = analyzer.analyze(ts[i], gs[i])
+    for name in analyzer.Signature._fields:
       got = np.asarray(getattr(sb, name))[i]
       want = np.asarray(getattr(si, name))
       if np.issubdtype(want.dtype, np.floating):
@@ -338,11 +340,11 @@ def test_streaming_accumulates_over_steps():
   g1, g2 = _golden(np.float32, seed=1), _golden(np.float32, seed=2)
   t1 = (g1 * (1 + 1e-6 * rng.standard_normal(SHAPE))).astype(np.float32)
   t2 = (g2 * (1 + 1e-5 * rng.standard_normal(SHAPE))).astype(np.float32)
-  state = A.signature_init(SHAPE, np.float32)
-  state = A.signature_update(state, t1, g1)
-  state = A.signature_update(state, t2, g2)
-  s = A.signature_finalize(state)
-  s1, s2 = A.analyze(t1, g1), A.analyze(t2, g2)
+  state = analyzer.signature_init(SHAPE, np.float32)
+  state = analyzer.signature_update(state, t1, g1)
+  state = analyzer.signature_update(state, t2, g2)
+  s = analyzer.signature_finalize(state)
+  s1, s2 = analyzer.analyze(t1, g1), analyzer.analyze(t2, g2)
   assert int(s.n) == 2 * g1.size
   assert int(s.n_bit_equal) == int(s1.n_bit_equal) + int(s2.n_bit_equal)
   np.testing.assert_array_equal(s.bits_xor, np.asarray(s1.bits_xor) +
@@ -362,20 +364,20 @@ def test_streaming_accumulates_over_steps():
 
 def test_second_call_does_not_recompile():
   g = _golden(np.float32)
-  A.analyze(g * 2, g)
-  before = A._analyze_jit._cache_size()
+  analyzer.analyze(g * 2, g)
+  before = api._analyze_jit._cache_size()
   assert before >= 1
   with jax.log_compiles(True):
-    s = A.analyze(_golden(np.float32, seed=9), g)
+    s = analyzer.analyze(_golden(np.float32, seed=9), g)
   jax.block_until_ready(s)
-  assert A._analyze_jit._cache_size() == before
+  assert api._analyze_jit._cache_size() == before
 
 
 def test_bitwise_deterministic():
   g = _golden(np.float32)
   t = (g * np.float32(1.0001)).astype(np.float32)
-  a = _leaves(A.analyze(t, g))
-  b = _leaves(A.analyze(t.copy(), g.copy()))
+  a = _leaves(analyzer.analyze(t, g))
+  b = _leaves(analyzer.analyze(t.copy(), g.copy()))
   for x, y in zip(a, b):
     assert x.tobytes() == y.tobytes()
 
@@ -391,39 +393,39 @@ def test_bad_input_raises_peat_error(kind):
   g = _golden(np.float32, shape=(4, 8))
   with pytest.raises(PeatError) as err:
     if kind == "dtype_mismatch":
-      A.analyze(g.astype(np.float16), g)
+      analyzer.analyze(g.astype(np.float16), g)
     elif kind == "shape_mismatch":
-      A.analyze(g[:2], g)
+      analyzer.analyze(g[:2], g)
     elif kind == "int_dtype":
-      A.analyze(g.astype(np.int32), g.astype(np.int32))
+      analyzer.analyze(g.astype(np.int32), g.astype(np.int32))
     elif kind == "complex_dtype":
-      A.analyze(g.astype(np.complex64), g.astype(np.complex64))
+      analyzer.analyze(g.astype(np.complex64), g.astype(np.complex64))
     elif kind == "empty":
-      A.analyze(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))
+      analyzer.analyze(np.zeros((0, 3), np.float32), np.zeros((0, 3), np.float32))
     elif kind == "not_array":
-      A.analyze([1.0, 2.0], g)
+      analyzer.analyze([1.0, 2.0], g)
     elif kind == "reference_shape":
-      A.analyze(g, g, reference=np.zeros((3, 3)))
+      analyzer.analyze(g, g, reference=np.zeros((3, 3)))
     elif kind == "batched_0d":
-      A.analyze_batch(np.float32(1), np.float32(1))
+      analyzer.analyze_batch(np.float32(1), np.float32(1))
   msg = str(err.value)
   assert "expected" in msg and "Fix" in msg
 
 
 def test_streaming_misuse_raises():
-  state = A.signature_init(SHAPE, np.float32)
+  state = analyzer.signature_init(SHAPE, np.float32)
   with pytest.raises(PeatError, match="no record"):
-    A.signature_finalize(state)
+    analyzer.signature_finalize(state)
   g = _golden(np.float32, shape=(4, 8))
   with pytest.raises(PeatError, match="2-D view"):
-    A.signature_update(state, g, g)
+    analyzer.signature_update(state, g, g)
   with pytest.raises(PeatError, match="dtype"):
-    A.signature_init(SHAPE, np.int8)
+    analyzer.signature_init(SHAPE, np.int8)
 
 
 # Fields that must never be NaN (the ref_* fields are NaN without reference).
 FINITE_FIELDS = [
-    f for f in A.Signature._fields
+    f for f in analyzer.Signature._fields
     if not (f.startswith("ref_") or f in ("noise_ratio", "share_test_closer",
                                           "share_golden_closer"))
 ]
@@ -433,9 +435,9 @@ def test_every_field_is_documented():
   import pathlib
   doc = (pathlib.Path(__file__).parents[2] / "docs" / "signature.md"
          ).read_text()
-  for name in A.Signature._fields:
+  for name in analyzer.Signature._fields:
     assert f"`{name}`" in doc, name
-    assert name in A.Signature.__doc__, name
+    assert name in analyzer.Signature.__doc__, name
 
 
 def test_analyze_split_equals_analyze_with_reference():
@@ -445,15 +447,15 @@ def test_analyze_split_equals_analyze_with_reference():
       g.shape))).astype(np.float32)
   r = g.astype(np.float64) * (1 + 1e-9)
   with jax.enable_x64(True):
-    hi, lo = jax.jit(A.split_on_device)(jnp.asarray(r))
-  want = A.analyze(t, g, r)
-  got = A.analyze_split(t, g, hi, lo)
-  for name in A.Signature._fields:
+    hi, lo = jax.jit(analyzer.split_on_device)(jnp.asarray(r))
+  want = analyzer.analyze(t, g, r)
+  got = analyzer.analyze_split(t, g, hi, lo)
+  for name in analyzer.Signature._fields:
     np.testing.assert_array_equal(np.asarray(getattr(got, name)),
                                   np.asarray(getattr(want, name)),
                                   err_msg=name)
   with pytest.raises(PeatError, match="ref_lo has shape"):
-    A.analyze_split(t, g, hi, lo[:1])
+    analyzer.analyze_split(t, g, hi, lo[:1])
 
 
 def test_analyze_split_many_to_host_equals_device_fields():
@@ -464,16 +466,16 @@ def test_analyze_split_many_to_host_equals_device_fields():
   tests = [(g * (1 + 1e-6 * rng.standard_normal(g.shape))).astype(np.float32)
            for g in recs]
   with jax.enable_x64(True):
-    halves = [jax.jit(A.split_on_device)(jnp.asarray(g, jnp.float64))
+    halves = [jax.jit(analyzer.split_on_device)(jnp.asarray(g, jnp.float64))
               for g in recs]
   his, los = [h for h, _ in halves], [l for _, l in halves]
-  dev = A.analyze_split_many(tests, recs, his, los)
-  host = A.analyze_split_many(tests, recs, his, los, to_host=True)
+  dev = analyzer.analyze_split_many(tests, recs, his, los)
+  host = analyzer.analyze_split_many(tests, recs, his, los, to_host=True)
   for d, h in zip(dev, host):
-    for name in A.Signature._fields:
+    for name in analyzer.Signature._fields:
       want = np.asarray(jax.device_get(getattr(d, name)))
       got = getattr(h, name)
       assert isinstance(got, np.ndarray) and got.dtype == want.dtype, name
       np.testing.assert_array_equal(got, want, err_msg=name)
   with pytest.raises(PeatError, match="record 1: ref_hi"):
-    A.analyze_split_many(tests, recs, [his[0], his[0], his[2]], los)
+    analyzer.analyze_split_many(tests, recs, [his[0], his[0], his[2]], los)

@@ -28,7 +28,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from peat_jax.analyzer import _signature as A
+from peat_jax import analyzer
+from peat_jax.analyzer import _api as api
+from peat_jax.analyzer import _bits as bits
+from peat_jax.analyzer import _checks as checks
+from peat_jax.analyzer import _native as native_pass
+from peat_jax.analyzer import _signature as signature
 from peat_jax.kernels import _ffi
 
 DTYPES = {
@@ -42,7 +47,7 @@ SUBNORMAL = {"float32": 1e-40, "bfloat16": 1e-40, "float16": 3e-6,
              "float64": 1e-310}
 RTOL_SUM = 1e-4
 RTOL_MAX = 2.0**-21
-F = A.SignatureState._fields
+F = analyzer.SignatureState._fields
 UINT = {2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 _MAXMIN = ("row_abs_max", "rel_max", "g_absmax", "ratio_min", "ratio_max",
@@ -99,11 +104,11 @@ def _states(t, g, ref):
   with _x64(t.dtype):
     hi = lo = None
     if ref is not None:
-      hi, lo = A._split_reference(ref, t.shape, batched=False)
-    native = jax.jit(A._accumulate_native)(t, g, hi, lo)
-    hb = None if hi is None else A._bits_jit(jnp.asarray(hi))
-    pure = A._accumulate_bits_jit(A._bits_jit(jnp.asarray(t)),
-                                  A._bits_jit(jnp.asarray(g)), hb, lo,
+      hi, lo = checks._split_reference(ref, t.shape, batched=False)
+    native = jax.jit(native_pass._accumulate_native)(t, g, hi, lo)
+    hb = None if hi is None else api._bits_jit(jnp.asarray(hi))
+    pure = api._accumulate_bits_jit(api._bits_jit(jnp.asarray(t)),
+                                  api._bits_jit(jnp.asarray(g)), hb, lo,
                                   dtype=np.dtype(t.dtype))
     return jax.device_get(native), jax.device_get(pure)
 
@@ -126,7 +131,7 @@ def _log_bound(t, g):
 def _assert_states_match(nat, ref, t, g):
   """Exact integers; floats within the module docstring's tolerances."""
   st = {f: np.asarray(getattr(ref, f)) for f in F}
-  nl = float(st["flags"][A._F_LOG_OK])
+  nl = float(st["flags"][signature._F_LOG_OK])
   sx, sy, sxy, sxx, syy = (float(v) for v in st["slope_sums"])
   bx = math.sqrt(max(nl * sxx, 0.0)) + nl
   by = math.sqrt(max(nl * syy, 0.0)) + nl
@@ -167,8 +172,8 @@ def _assert_states_match(nat, ref, t, g):
 
 def _assert_signatures_match(nat, ref):
   """The derived Signature's integer and bool fields are equal."""
-  sa, sb = A._finalize_jit(nat), A._finalize_jit(ref)
-  for name in A.Signature._fields:
+  sa, sb = api._finalize_jit(nat), api._finalize_jit(ref)
+  for name in analyzer.Signature._fields:
     a, b = np.asarray(getattr(sa, name)), np.asarray(getattr(sb, name))
     if not np.issubdtype(a.dtype, np.floating):
       np.testing.assert_array_equal(a, b, err_msg=name)
@@ -187,11 +192,11 @@ def _bit_counts(t, g):
   t0, g0 = mt == 0, mg == 0
   gsub = (mg >> ui(nmant) == 0) & ~g0
   return {
-      A._F_ZEROED: fin_g & ~g0 & t0,
-      A._F_FLUSHED: gsub & t0,
-      A._F_GOLDEN_SUBNORMAL: gsub,
-      A._F_GOLDEN_ZERO: g0,
-      A._F_SIGN_FLIP: (fin_t & fin_g & ~t0 & ~g0 &
+      signature._F_ZEROED: fin_g & ~g0 & t0,
+      signature._F_FLUSHED: gsub & t0,
+      signature._F_GOLDEN_SUBNORMAL: gsub,
+      signature._F_GOLDEN_ZERO: g0,
+      signature._F_SIGN_FLIP: (fin_t & fin_g & ~t0 & ~g0 &
                        (((ut ^ ug) & sign) != 0)),
   }
 
@@ -204,8 +209,8 @@ def test_native_equals_pure_jax_with_reference(name):
   _assert_states_match(nat, pure, t, g)
   # The data reached every special kind.
   flags = np.asarray(nat.flags)
-  for k in (A._F_NAN_T, A._F_INF_G, A._F_GOLDEN_SUBNORMAL, A._F_ZEROED,
-            A._F_RATIO_OK, A._F_LOG_OK):
+  for k in (signature._F_NAN_T, signature._F_INF_G, signature._F_GOLDEN_SUBNORMAL, signature._F_ZEROED,
+            signature._F_RATIO_OK, signature._F_LOG_OK):
     assert flags[k] > 0, k
   assert int(nat.ref_n) > 0
   # Zero and subnormal tests are bit tests in both passes (on CPU a float
@@ -261,7 +266,7 @@ def test_native_representability_counts_are_the_rule(name):
   per-element rule (`_representable`, tested against exact round trips),
   format by format, on every bit pattern of the 16-bit dtypes and on
   crafted float32 / float64 values; all elements are sampled (n <= 65536)."""
-  nf = len(A.NARROW_FORMATS)
+  nf = len(analyzer.NARROW_FORMATS)
   yes, total = np.zeros(nf, np.int64), 0
   for x in _repr_groups(name):
     t = x.reshape(1, -1)
@@ -270,7 +275,7 @@ def test_native_representability_counts_are_the_rule(name):
     with _x64(x.dtype):
       counts = np.asarray(jax.jit(lambda a, b: _ffi.signature_pass(
           a, b, None, None)[-1])(jnp.asarray(t), jnp.asarray(g)))
-      rule = np.asarray(jax.jit(lambda v: A._representable(v, x.dtype))(
+      rule = np.asarray(jax.jit(lambda v: bits._representable(v, x.dtype))(
           jnp.asarray(x.view(u))))
     assert counts[1] == x.size  # every element sampled
     want = rule.sum(axis=1)  # g holds the same values: equal counts
@@ -286,7 +291,7 @@ def test_native_is_bitwise_deterministic_across_threads():
   """Several units on several threads; concurrent calls perturb the thread
   timing. Every call gives the same bits."""
   t, g, _ = _pair("float32", (1024, 768), seed=3)
-  fn = jax.jit(lambda a, b: A._accumulate_native(a, b, None, None))
+  fn = jax.jit(lambda a, b: native_pass._accumulate_native(a, b, None, None))
   tj, gj = jnp.asarray(t), jnp.asarray(g)
   first = [np.asarray(x) for x in jax.tree.leaves(fn(tj, gj))]
   results = []
@@ -310,7 +315,7 @@ def test_analyze_uses_the_native_pass_on_cpu():
   if jax.default_backend() != "cpu":
     pytest.skip("the native pass is the CPU path")
   x = np.ones((16, 32), np.float32)
-  text = A._analyze_jit.lower(x, x).as_text()
+  text = api._analyze_jit.lower(x, x).as_text()
   assert "peat_signature" in text
   assert "stablehlo.while" not in text
 

@@ -9,13 +9,13 @@ import hypothesis.strategies as st
 import ml_dtypes
 import numpy as np
 
-from peat_jax.analyzer import _signature as A
+from peat_jax import analyzer
 
 DTYPES = [np.float32, ml_dtypes.bfloat16, np.float16]
 SPECIALS = [0.0, -0.0, np.nan, np.inf, -np.inf, 1e-40, 3e38, -3e38, 65504.0,
             1.0, -1.0, 448.0]
 # The ref_* fields, noise_ratio and share_*_closer are NaN without reference.
-FINITE = [f for f in A.Signature._fields
+FINITE = [f for f in analyzer.Signature._fields
           if not (f.startswith("ref_") or f in (
               "noise_ratio", "share_test_closer", "share_golden_closer"))]
 
@@ -44,7 +44,7 @@ def records(draw):
 @hypothesis.given(records())
 def test_signature_is_defined_for_any_values(rec):
   t, g = rec
-  s = A.analyze(t, g)
+  s = analyzer.analyze(t, g)
   n = t.size
   for name in FINITE:
     v = np.asarray(getattr(s, name), np.float64)

@@ -8,8 +8,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from peat_jax.analyzer import _references as R
-from peat_jax.core._errors import PeatError
+from peat_jax import analyzer as R
+from peat_jax.core import PeatError
 
 
 def _rand(shape, seed=0, dtype=np.float32):

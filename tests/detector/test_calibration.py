@@ -7,7 +7,7 @@ training of a small ViT and the CNN.
 
 import pytest
 
-from peat_jax.detector import _calibration as _calibration
+from peat_jax import detector as _calibration
 from peat_jax.tools import calibrate
 
 # Native variants whose cause the Detector names wrongly, with the reason

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import peat_jax as peat
-from peat_jax.analyzer._signature import analyze
-from peat_jax.detector._detect import detect, detect_batch, verdict
+from peat_jax.analyzer import analyze
+from peat_jax.detector import detect, detect_batch, verdict
 
 
 def _matmul_case(seed):
@@ -226,7 +226,7 @@ def test_batch_and_verdict():
   rng = np.random.default_rng(1)
   tests = np.stack([g, _bf16(g), _flip(g, rng, 2, 25)])
   goldens = np.stack([g, g, g])
-  from peat_jax.analyzer._signature import analyze_batch
+  from peat_jax.analyzer import analyze_batch
   diags = detect_batch(analyze_batch(jnp.asarray(tests), jnp.asarray(goldens)))
   assert [d.model for d in diags] == ["exact", "precision:bf16", "bitflip"]
   v = verdict({("fwd/a", 0): diags[0], ("fwd/b", 0): diags[1],
@@ -241,7 +241,7 @@ def test_batch_and_verdict():
 def test_bad_input():
   with pytest.raises(peat.PeatError, match="Signature from peat_jax.analyze"):
     detect(np.zeros(3))
-  from peat_jax.analyzer._signature import analyze_batch
+  from peat_jax.analyzer import analyze_batch
   x = jnp.ones((2, 4, 4))
   with pytest.raises(peat.PeatError, match="detect_batch"):
     detect(analyze_batch(x, x))

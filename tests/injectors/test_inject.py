@@ -14,9 +14,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from peat_jax.injectors import _api as inj
+from peat_jax import injectors
+from peat_jax.injectors import _checks as checks
 from peat_jax.injectors import _formats as fm
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 _slow = pytest.mark.slow
 # Bit-level properties: every dtype (float16 runs in the slow set).
@@ -80,12 +81,12 @@ def test_every_design_error_model_has_an_injector():
   design = {"exact", "reordering", "accumulation", "truncation", "ftz",
             "saturation", "bitflip", "stuck_at", "random_value", "zero", "nan",
             "lane", "indexing", "scale", "nondeterminism", "precision"}
-  names = {n.split(":")[0] for n in inj.ERROR_MODELS}
+  names = {n.split(":")[0] for n in injectors.ERROR_MODELS}
   assert design == names
   for f in ("bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2"):
-    assert f"precision:{f}" in inj.ERROR_MODELS
-    assert f"accumulation:{f}" in inj.ERROR_MODELS
-  assert set(CASES) == set(inj.TENSOR_ERROR_MODELS)
+    assert f"precision:{f}" in injectors.ERROR_MODELS
+    assert f"accumulation:{f}" in injectors.ERROR_MODELS
+  assert set(CASES) == set(injectors.TENSOR_ERROR_MODELS)
 
 
 @pytest.mark.parametrize("dtype", BROAD)
@@ -93,19 +94,19 @@ def test_every_design_error_model_has_an_injector():
 def test_deterministic_jit_vmap_and_key_dependent(name, dtype):
   x = data(1, (16, 64), dtype)
   keys = jax.random.split(jax.random.key(3), 4)
-  y1 = inj.inject(name, keys[0], x, **CASES[name])
-  y1b = inj.inject(name, keys[0], x, **CASES[name])
+  y1 = injectors.inject(name, keys[0], x, **CASES[name])
+  y1b = injectors.inject(name, keys[0], x, **CASES[name])
   assert y1.shape == x.shape and y1.dtype == x.dtype
   np.testing.assert_array_equal(bits(y1), bits(y1b))
   if name in KEYED:
-    y2 = inj.inject(name, keys[1], x, **CASES[name])
+    y2 = injectors.inject(name, keys[1], x, **CASES[name])
     assert (bits(y1) != bits(y2)).any()
   if name != "exact" and not _noop(name, dtype):
     assert (bits(y1) != bits(x)).any(), "the injection changed nothing"
   elif name == "exact":
     np.testing.assert_array_equal(bits(y1), bits(x))
   # vmapped over keys inside jit: bitwise the single calls.
-  f = lambda k: inj.inject(name, k, x, **CASES[name])
+  f = lambda k: injectors.inject(name, k, x, **CASES[name])
   batched = jax.jit(jax.vmap(f))(keys)
   for i in range(4):
     np.testing.assert_array_equal(bits(batched[i]), bits(f(keys[i])))
@@ -117,7 +118,7 @@ def test_bitflip_fixed_bit_flips_exactly_count_elements_in_that_bit(
     dtype, count):
   x = data(4, dtype=dtype)
   bit = 20 if dtype == jnp.float32 else 12
-  y = inj.inject("bitflip", jax.random.key(5), x, count=count, bits=bit)
+  y = injectors.inject("bitflip", jax.random.key(5), x, count=count, bits=bit)
   diff = bits(x) ^ bits(y)
   assert int((diff != 0).sum()) == count
   assert set(np.unique(diff[diff != 0]).tolist()) == {1 << bit}
@@ -127,14 +128,14 @@ def test_bitflip_fixed_bit_flips_exactly_count_elements_in_that_bit(
 def test_bitflip_draws_distinct_bits_per_element_within_fields(dtype):
   x = data(6, dtype=dtype)
   e, m = fm.fields(dtype)
-  y = inj.inject("bitflip", jax.random.key(7), x, count=10,
+  y = injectors.inject("bitflip", jax.random.key(7), x, count=10,
                  bits_per_element=3, field_weights=(0, 0, 1))
   diff = bits(x) ^ bits(y)
   hit = diff[diff != 0]
   assert hit.size == 10
   assert all(bin(int(d)).count("1") == 3 for d in hit)
   assert (hit < (1 << m)).all(), "only mantissa bits may flip"
-  y = inj.inject("bitflip", jax.random.key(7), x, count=5,
+  y = injectors.inject("bitflip", jax.random.key(7), x, count=5,
                  field_weights=(1, 0, 0))
   diff = bits(x) ^ bits(y)
   assert set(diff[diff != 0].tolist()) == {1 << (e + m)}
@@ -145,18 +146,18 @@ def test_bitflip_bit_distribution_follows_documented_weights():
   x = data(8, (4, 4))
   for weights in (None, (1.0, 2.0, 1.0)):
     kw = {} if weights is None else {"field_weights": weights}
-    c = inj.campaign("bitflip", jax.random.key(9), x, n=4000,
+    c = injectors.campaign("bitflip", jax.random.key(9), x, n=4000,
                      summarize=lambda y: y, **kw)
     diff = bits(c.outputs) ^ bits(x)[None]
     pos = np.log2(diff[diff != 0].astype(np.float64)).astype(int)
     assert pos.size == 4000
-    p = inj.bit_probabilities(jnp.float32, weights)
+    p = injectors.bit_probabilities(jnp.float32, weights)
     for lo, hi in ((0, 23), (23, 31), (31, 32)):
       want = p[lo:hi].sum()
       got = ((pos >= lo) & (pos < hi)).mean()
       assert abs(got - want) < 4 * math.sqrt(want * (1 - want) / 4000) + 1e-9
-  assert np.isclose(inj.bit_probabilities(jnp.float32).sum(), 1.0)
-  assert np.isclose(inj.bit_probabilities(jnp.float32, (1, 1, 1))[31], 1 / 3)
+  assert np.isclose(injectors.bit_probabilities(jnp.float32).sum(), 1.0)
+  assert np.isclose(injectors.bit_probabilities(jnp.float32, (1, 1, 1))[31], 1 / 3)
 
 
 @hypothesis.settings(max_examples=8, deadline=None)
@@ -165,8 +166,8 @@ def test_bitflip_bit_distribution_follows_documented_weights():
 def test_bitflip_with_the_same_key_is_an_involution(seed, count, per):
   x = data(seed % 1000, (16, 64))
   k = jax.random.key(seed)
-  y = inj.inject("bitflip", k, x, count=count, bits_per_element=per)
-  z = inj.inject("bitflip", k, y, count=count, bits_per_element=per)
+  y = injectors.inject("bitflip", k, x, count=count, bits_per_element=per)
+  z = injectors.inject("bitflip", k, y, count=count, bits_per_element=per)
   np.testing.assert_array_equal(bits(z), bits(x))
   assert int((bits(x) != bits(y)).sum()) == count
 
@@ -181,7 +182,7 @@ def test_stuck_at_forces_the_bit_in_the_chosen_share(dtype, value, share):
   u = bits(x).astype(fm.uint_dtype(dtype))
   u = (u & ~np.asarray(1 << bit, u.dtype)) if value else (u | (1 << bit))
   x = jnp.asarray(u.view(jnp.dtype(dtype)))
-  y = inj.inject("stuck_at", jax.random.key(1), x, bit=bit, value=value,
+  y = injectors.inject("stuck_at", jax.random.key(1), x, bit=bit, value=value,
                  share=share)
   diff = bits(x) ^ bits(y)
   changed = diff != 0
@@ -195,7 +196,7 @@ def test_stuck_at_forces_the_bit_in_the_chosen_share(dtype, value, share):
 @pytest.mark.parametrize("mode", ("bits", "normal"))
 def test_random_value_replaces_count_elements_with_finite_values(dtype, mode):
   x = data(12, dtype=dtype)
-  y = inj.inject("random_value", jax.random.key(2), x, count=9, mode=mode)
+  y = injectors.inject("random_value", jax.random.key(2), x, count=9, mode=mode)
   assert int((bits(x) != bits(y)).sum()) == 9
   assert np.isfinite(np.asarray(y, np.float32)).all()
 
@@ -203,13 +204,13 @@ def test_random_value_replaces_count_elements_with_finite_values(dtype, mode):
 @pytest.mark.parametrize("dtype", BROAD)
 def test_zero_elements_rows_and_tiles(dtype):
   x = data(13, (32, 48), dtype)
-  y = np.asarray(inj.inject("zero", jax.random.key(0), x, count=5),
+  y = np.asarray(injectors.inject("zero", jax.random.key(0), x, count=5),
                  np.float32)
   assert int((y == 0).sum()) == 5
-  y = np.asarray(inj.inject("zero", jax.random.key(0), x, mode="rows",
+  y = np.asarray(injectors.inject("zero", jax.random.key(0), x, mode="rows",
                             count=3), np.float32)
   assert int((y == 0).all(axis=1).sum()) == 3 and int((y == 0).sum()) == 144
-  y = np.asarray(inj.inject("zero", jax.random.key(0), x, mode="tiles",
+  y = np.asarray(injectors.inject("zero", jax.random.key(0), x, mode="tiles",
                             count=2, tile=(8, 16)), np.float32)
   z = (y == 0).reshape(4, 8, 3, 16).transpose(0, 2, 1, 3).reshape(12, -1)
   assert sorted(z.sum(axis=1).tolist()) == [0] * 10 + [128, 128]
@@ -219,7 +220,7 @@ def test_zero_elements_rows_and_tiles(dtype):
 @pytest.mark.parametrize("kind", ("nan", "inf", "+inf", "-inf"))
 def test_nan_kinds(dtype, kind):
   x = data(14, dtype=dtype)
-  y = np.asarray(inj.inject("nan", jax.random.key(4), x, count=6, kind=kind),
+  y = np.asarray(injectors.inject("nan", jax.random.key(4), x, count=6, kind=kind),
                  np.float32)
   bad = ~np.isfinite(y)
   assert int(bad.sum()) == 6
@@ -239,7 +240,7 @@ def test_nan_kinds(dtype, kind):
     ("random_value", {}), ("nan", {}), ("scale", {"factor": -1.0})])
 def test_lane_corrupts_only_one_lane_of_the_stride(dtype, effect, extra):
   x = data(15, (16, 64), dtype)
-  y = inj.inject("lane", jax.random.key(5), x, stride=32, lane=7,
+  y = injectors.inject("lane", jax.random.key(5), x, stride=32, lane=7,
                  effect=effect, **extra)
   changed = (bits(x) != bits(y)).reshape(-1)
   idx = np.nonzero(changed)[0]
@@ -247,7 +248,7 @@ def test_lane_corrupts_only_one_lane_of_the_stride(dtype, effect, extra):
   if effect in ("zero", "bitflip", "random_value", "nan", "scale"):
     assert idx.size == x.size // 32
   # Along an axis: column 3 of every row, stride 8.
-  y = inj.inject("lane", jax.random.key(5), x, stride=8, lane=3, axis=0,
+  y = injectors.inject("lane", jax.random.key(5), x, stride=8, lane=3, axis=0,
                  effect=effect, **extra)
   rows = np.nonzero((bits(x) != bits(y)).any(axis=1))[0]
   assert rows.size > 0 and (rows % 8 == 3).all()
@@ -257,20 +258,20 @@ def test_lane_corrupts_only_one_lane_of_the_stride(dtype, effect, extra):
 def test_indexing_modes_misplace_golden_values(dtype):
   x = data(16, (24, 32), dtype)
   k = jax.random.key(6)
-  y = inj.inject("indexing", k, x, mode="shift", shift=3, axis=0)
+  y = injectors.inject("indexing", k, x, mode="shift", shift=3, axis=0)
   np.testing.assert_array_equal(bits(y), bits(np.roll(np.asarray(x), 3, 0)))
-  y = inj.inject("indexing", k, x, mode="transpose")
+  y = injectors.inject("indexing", k, x, mode="transpose")
   np.testing.assert_array_equal(bits(y),
                                 bits(np.asarray(x).T.reshape(24, 32)))
   sq = data(17, (16, 16), dtype)
   np.testing.assert_array_equal(
-      bits(inj.inject("indexing", k, sq, mode="transpose")),
+      bits(injectors.inject("indexing", k, sq, mode="transpose")),
       bits(np.asarray(sq).T))
-  y = inj.inject("indexing", k, x, mode="tile_swap", tile=(8, 8))
+  y = injectors.inject("indexing", k, x, mode="tile_swap", tile=(8, 8))
   moved = (bits(x) != bits(y)).reshape(3, 8, 4, 8).any(axis=(1, 3))
   assert int(moved.sum()) == 2
   for count in (2, None):
-    y = inj.inject("indexing", k, x, mode="permutation", count=count)
+    y = injectors.inject("indexing", k, x, mode="permutation", count=count)
     np.testing.assert_array_equal(np.sort(bits(y), axis=None),
                                   np.sort(bits(x), axis=None))
     # Every chosen element moves (a cycle); equal values may hide a move.
@@ -282,7 +283,7 @@ def test_indexing_modes_misplace_golden_values(dtype):
 @pytest.mark.parametrize("factor", (2.0, -0.5, 1.25))
 def test_scale_multiplies_every_element(dtype, factor):
   x = data(18, dtype=dtype)
-  y = inj.inject("scale", jax.random.key(0), x, factor=factor)
+  y = injectors.inject("scale", jax.random.key(0), x, factor=factor)
   want = (np.asarray(x, np.float64) * factor).astype(np.float32).astype(
       jnp.dtype(dtype))
   np.testing.assert_array_equal(bits(y), bits(want))
@@ -296,7 +297,7 @@ def test_saturation_clips_at_format_max_or_overflows(dtype, fmt, mode):
   if fmax >= float(ml_dtypes.finfo(dtype).max):
     pytest.skip("format max beyond the data type's range")
   x = data(19, dtype=dtype, scale=fmax)  # about a third exceed the max
-  y = np.asarray(inj.inject("saturation", jax.random.key(0), x, fmt=fmt,
+  y = np.asarray(injectors.inject("saturation", jax.random.key(0), x, fmt=fmt,
                             mode=mode), np.float64)
   xs = np.asarray(x, np.float64)
   big = np.abs(xs) > fmax
@@ -321,12 +322,12 @@ def test_ftz_flushes_subnormals_to_signed_zero(dtype):
   sub = (mant | sign).view(jnp.dtype(dtype))  # all subnormal, none zero
   normal = np.asarray(data(21, (n,), dtype))
   x = jnp.asarray(np.concatenate([sub, normal]))
-  y = inj.inject("ftz", jax.random.key(0), x)
+  y = injectors.inject("ftz", jax.random.key(0), x)
   yb = bits(y)
   np.testing.assert_array_equal(yb[:n], bits(sign.view(jnp.dtype(dtype))))
   np.testing.assert_array_equal(yb[n:], bits(normal))
   # With a format: flush below that format's smallest normal.
-  z = np.asarray(inj.inject("ftz", jax.random.key(0), x, fmt="fp8_e4m3"),
+  z = np.asarray(injectors.inject("ftz", jax.random.key(0), x, fmt="fp8_e4m3"),
                  np.float64)
   xs = np.asarray(x, np.float64)
   tiny = np.abs(xs) < 2.0**-6
@@ -354,7 +355,7 @@ def _fmt_data(seed, fmt, dtype, n=4096):
 @pytest.mark.parametrize("fmt", sorted(fm.FORMATS))
 def test_truncation_rounds_toward_zero_into_the_format(dtype, fmt):
   x = _fmt_data(22, fmt, dtype)
-  y = inj.inject("truncation", jax.random.key(0), x, fmt=fmt)
+  y = injectors.inject("truncation", jax.random.key(0), x, fmt=fmt)
   xs = np.asarray(x, np.float32)
   f = fm.FORMATS[fmt]
   drop = 23 - f.mantissa_bits
@@ -374,7 +375,7 @@ def test_truncation_rounds_toward_zero_into_the_format(dtype, fmt):
 @pytest.mark.parametrize("fmt", sorted(fm.FORMATS))
 def test_precision_output_is_representable_and_within_half_ulp(dtype, fmt):
   x = _fmt_data(23, fmt, dtype)
-  y = inj.inject(f"precision:{fmt}", jax.random.key(0), x)
+  y = injectors.inject(f"precision:{fmt}", jax.random.key(0), x)
   f = fm.FORMATS[fmt]
   ys = np.asarray(y, np.float64)
   xs = np.asarray(x, np.float64)
@@ -399,14 +400,14 @@ def test_precision_output_is_representable_and_within_half_ulp(dtype, fmt):
 
 def test_precision_bf16_relative_error_and_saturate_option():
   x = data(24, (64, 64))
-  y = np.asarray(inj.inject("precision:bf16", jax.random.key(0), x),
+  y = np.asarray(injectors.inject("precision:bf16", jax.random.key(0), x),
                  np.float64)
   assert (np.abs(y - np.asarray(x, np.float64)) / np.abs(np.asarray(
       x, np.float64))).max() <= 2.0**-8
   big = data(25, (256,), scale=1000.0)
-  y = np.asarray(inj.inject("precision:fp8_e4m3", jax.random.key(0), big))
+  y = np.asarray(injectors.inject("precision:fp8_e4m3", jax.random.key(0), big))
   assert np.isnan(y).any()  # overflow of a format without Inf
-  y = np.asarray(inj.inject("precision:fp8_e4m3", jax.random.key(0), big,
+  y = np.asarray(injectors.inject("precision:fp8_e4m3", jax.random.key(0), big,
                             saturate=True))
   assert np.isfinite(y).all() and np.abs(y).max() == 448.0
 
@@ -415,7 +416,7 @@ def test_precision_bf16_relative_error_and_saturate_option():
 @pytest.mark.parametrize("name", ("reordering", "nondeterminism"))
 def test_tensor_form_of_rounding_noise_moves_values_by_ulps(name, dtype):
   x = data(26, dtype=dtype)
-  y = inj.inject(name, jax.random.key(1), x, share=0.5, ulps=2)
+  y = injectors.inject(name, jax.random.key(1), x, share=0.5, ulps=2)
   d = bits(y).astype(np.int64) - bits(x).astype(np.int64)
   assert set(np.unique(np.abs(d)).tolist()) == {0, 2}
   assert abs(int((d != 0).sum()) - x.size / 2) < 4 * np.sqrt(x.size / 4)
@@ -424,13 +425,13 @@ def test_tensor_form_of_rounding_noise_moves_values_by_ulps(name, dtype):
 def test_unknown_name_lists_the_known_ones():
   x = data(27)
   with pytest.raises(PeatError, match="expected one of .*'bitflip'"):
-    inj.inject("bitflop", jax.random.key(0), x)
+    injectors.inject("bitflop", jax.random.key(0), x)
   with pytest.raises(PeatError, match="Formats: .*'fp8_e4m3'"):
-    inj.inject("precision:fp32", jax.random.key(0), x)
+    injectors.inject("precision:fp32", jax.random.key(0), x)
   with pytest.raises(PeatError, match="no injector"):
-    inj.inject("unknown", jax.random.key(0), x)
+    injectors.inject("unknown", jax.random.key(0), x)
   with pytest.raises(PeatError, match="injecting_kernel"):
-    inj.inject("accumulation:fp16", jax.random.key(0), x)
+    injectors.inject("accumulation:fp16", jax.random.key(0), x)
 
 
 @pytest.mark.parametrize("name,params,match", [
@@ -459,38 +460,38 @@ def test_unknown_name_lists_the_known_ones():
 ])
 def test_bad_params_say_expected_and_got(name, params, match):
   with pytest.raises(PeatError, match=match):
-    inj.inject(name, jax.random.key(0), data(28), **params)
+    injectors.inject(name, jax.random.key(0), data(28), **params)
 
 
 def test_bad_keys_and_arrays_are_rejected():
   x = data(29)
   with pytest.raises(PeatError, match="PRNG key"):
-    inj.inject("bitflip", 3, x)
+    injectors.inject("bitflip", 3, x)
   with pytest.raises(PeatError, match="PRNG key"):
-    inj.inject("bitflip", jax.random.split(jax.random.key(0), 2), x)
+    injectors.inject("bitflip", jax.random.split(jax.random.key(0), 2), x)
   with pytest.raises(PeatError, match="dtype int32"):
-    inj.inject("bitflip", jax.random.key(0), jnp.arange(8))
+    injectors.inject("bitflip", jax.random.key(0), jnp.arange(8))
   with pytest.raises(PeatError, match="jax.Array"):
-    inj.inject("bitflip", jax.random.key(0), [1.0, 2.0])
+    injectors.inject("bitflip", jax.random.key(0), [1.0, 2.0])
   # A raw uint32 key works too, and PeatError is a ValueError.
-  inj.inject("bitflip", jax.random.PRNGKey(0), x)
+  injectors.inject("bitflip", jax.random.PRNGKey(0), x)
   assert issubclass(PeatError, ValueError)
 
 
 def test_second_call_does_not_recompile():
   x = data(30)
-  inj.inject("bitflip", jax.random.key(0), x, count=4)
-  fn = inj._compiled("bitflip", inj._freeze(
-      inj.injection_params("bitflip", count=4)))
+  injectors.inject("bitflip", jax.random.key(0), x, count=4)
+  fn = checks._compiled("bitflip", checks._freeze(
+      injectors.injection_params("bitflip", count=4)))
   before = fn._cache_size()
-  inj.inject("bitflip", jax.random.key(1), x, count=4)
+  injectors.inject("bitflip", jax.random.key(1), x, count=4)
   assert fn._cache_size() == before == 1
   traces = []
 
   @jax.jit
   def step(k, x):
     traces.append(1)
-    return inj.inject("precision:bf16", k, x).sum()
+    return injectors.inject("precision:bf16", k, x).sum()
 
   step(jax.random.key(0), x)
   step(jax.random.key(1), x + 1)
@@ -508,6 +509,6 @@ PUBLIC = ("inject", "ERROR_MODELS", "TENSOR_ERROR_MODELS",
 def test_public_names_exist_and_match_the_facade_where_exported():
   import peat_jax  # pylint: disable=g-import-not-at-top
   for name in PUBLIC:
-    assert hasattr(inj, name), name
+    assert hasattr(injectors, name), name
     if hasattr(peat_jax, name):
-      assert getattr(peat_jax, name) is getattr(inj, name)
+      assert getattr(peat_jax, name) is getattr(injectors, name)

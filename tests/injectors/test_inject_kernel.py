@@ -14,10 +14,12 @@ import numpy as np
 import optax
 import pytest
 
-from peat_jax.injectors import _api as inj
+from peat_jax import injectors
+from peat_jax.injectors import _campaigns as campaigns
+from peat_jax.injectors import _checks as checks
 from peat_jax.injectors import _formats as fm
 from peat_jax.injectors import _random as rnd
-from peat_jax.core._errors import PeatError
+from peat_jax.core import PeatError
 
 DOT = (((1,), (0,)), ((), ()))
 
@@ -66,7 +68,7 @@ def conv64(x, w):
 
 def _accum_err(fmt, k, chunk):
   a, b = data(k, (8, k)), data(k + 1, (k, 8))
-  kut = inj.injecting_kernel(f"accumulation:{fmt}", matmul, chunk=chunk)
+  kut = injectors.injecting_kernel(f"accumulation:{fmt}", matmul, chunk=chunk)
   y = jax.jit(lambda a, b, key: kut(a, b, inject_key=key))(
       a, b, jax.random.key(0))
   ref = f64(a) @ f64(b)
@@ -86,7 +88,7 @@ def test_accumulation_error_grows_with_reduction_length(fmt):
 def test_accumulation_output_lies_in_the_narrow_format():
   a, b = data(3, (4, 300)), data(4, (300, 5))
   for fmt in ("fp16", "bf16", "fp8_e5m2"):
-    kut = inj.injecting_kernel(f"accumulation:{fmt}", matmul, chunk=1)
+    kut = injectors.injecting_kernel(f"accumulation:{fmt}", matmul, chunk=1)
     y = np.asarray(kut(a, b, inject_key=jax.random.key(0)))
     f = fm.FORMATS[fmt]
     np.testing.assert_array_equal(y.astype(f.dtype).astype(np.float32), y)
@@ -96,7 +98,7 @@ def test_accumulation_in_convolutions_grows_with_channels():
   errs = []
   for c in (4, 64, 512):
     x, w = data(c, (1, 6, 6, c)), data(c + 1, (3, 3, c, 4))
-    kut = inj.injecting_kernel("accumulation:fp16", conv, chunk=2)
+    kut = injectors.injecting_kernel("accumulation:fp16", conv, chunk=2)
     y = kut(x, w, inject_key=jax.random.key(0))
     errs.append(np.sqrt(np.mean((f64(y) - conv64(x, w)) ** 2) / (9 * c)))
   assert errs[0] < errs[1] < errs[2], errs
@@ -110,7 +112,7 @@ def test_accumulation_in_convolutions_grows_with_channels():
 @pytest.mark.parametrize("order", ("reverse", "pairwise", "forward"))
 def test_reordering_is_rounding_noise_and_key_independent(fn, args, ref, order):
   a, b = args()
-  kut = inj.injecting_kernel("reordering", fn, blocks=5, order=order)
+  kut = injectors.injecting_kernel("reordering", fn, blocks=5, order=order)
   y1 = kut(a, b, inject_key=jax.random.key(1))
   y2 = kut(a, b, inject_key=jax.random.key(2))
   np.testing.assert_array_equal(bits(y1), bits(y2))
@@ -128,7 +130,7 @@ def test_reordering_is_rounding_noise_and_key_independent(fn, args, ref, order):
 ], ids=("dot", "conv"))
 def test_nondeterminism_differs_across_keys_and_repeats_per_key(fn, args):
   a, b = args()
-  kut = inj.injecting_kernel("nondeterminism", fn, blocks=8)
+  kut = injectors.injecting_kernel("nondeterminism", fn, blocks=8)
   step = jax.jit(lambda a, b, k: kut(a, b, inject_key=k))
   outs = [step(a, b, jax.random.key(s)) for s in range(4)]
   again = step(a, b, jax.random.key(0))
@@ -147,7 +149,7 @@ def test_computation_models_in_the_backward_pass():
   loss = lambda f: (lambda a, b: jnp.sum(f(a, b) * ct))
   g_gold = jax.grad(loss(matmul), argnums=(0, 1))(a, b)
   ga_ref = f64(ct) @ f64(b).T
-  kut = inj.injecting_kernel("accumulation:bf16", matmul, where="bwd",
+  kut = injectors.injecting_kernel("accumulation:bf16", matmul, where="bwd",
                              chunk=1)
   f = lambda a, b: kut(a, b, inject_key=jax.random.key(0))
   np.testing.assert_array_equal(bits(f(a, b)), bits(matmul(a, b)))
@@ -160,7 +162,7 @@ def test_computation_models_in_the_backward_pass():
     assert (bits(gi) != bits(gg)).any()
   assert np.abs(f64(g[0]) - ga_ref).max() < 2.0**-7 * np.abs(ga_ref).max()
   # where="fwd": the backward is golden.
-  kut = inj.injecting_kernel("accumulation:bf16", matmul, where="fwd")
+  kut = injectors.injecting_kernel("accumulation:bf16", matmul, where="fwd")
   f = lambda a, b: kut(a, b, inject_key=jax.random.key(0))
   g = jax.grad(loss(f), argnums=(0, 1))(a, b)
   for gi, gg in zip(g, g_gold):
@@ -177,7 +179,7 @@ def test_emulation_reaches_dots_inside_composite_kernels_and_nested_jit():
   def mlp(x, w1, w2):
     return inner(jax.nn.relu(x @ w1), w2)
 
-  kut = inj.injecting_kernel("accumulation:fp8_e5m2", mlp, chunk=1)
+  kut = injectors.injecting_kernel("accumulation:fp8_e5m2", mlp, chunk=1)
   y = kut(x, w1, w2, inject_key=jax.random.key(0))
   np.testing.assert_array_equal(
       np.asarray(y).astype(jnp.float8_e5m2).astype(np.float32), np.asarray(y))
@@ -189,7 +191,7 @@ def test_grouped_convolutions_are_refused_with_a_clear_error():
   grouped = lambda x, w: lax.conv_general_dilated(
       x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
       feature_group_count=4)
-  kut = inj.injecting_kernel("reordering", grouped)
+  kut = injectors.injecting_kernel("reordering", grouped)
   with pytest.raises(PeatError, match="feature_group_count"):
     kut(x, w, inject_key=jax.random.key(0))
 
@@ -209,7 +211,7 @@ def test_kernel_wrapper_injects_forward_output_and_backward_cotangents(
     name, params, where):
   a, b = data(21, (16, 32)), data(22, (32, 8))
   key = jax.random.key(3)
-  kut = inj.injecting_kernel(name, lax.dot_general, where=where, **params)
+  kut = injectors.injecting_kernel(name, lax.dot_general, where=where, **params)
   f = lambda a, b: kut(a, b, DOT, inject_key=key)
   y, vjp = jax.vjp(f, a, b)
   y_gold, vjp_gold = jax.vjp(matmul, a, b)
@@ -217,13 +219,13 @@ def test_kernel_wrapper_injects_forward_output_and_backward_cotangents(
   g, g_gold = vjp(ct), vjp_gold(ct)
   kf, kb = rnd.derive(key, 0), rnd.derive(key, 1)
   if where in ("fwd", "both"):
-    want = inj.inject(name, rnd.derive(kf, 0), y_gold, **params)
+    want = injectors.inject(name, rnd.derive(kf, 0), y_gold, **params)
     np.testing.assert_array_equal(bits(y), bits(want))
   else:
     np.testing.assert_array_equal(bits(y), bits(y_gold))
   for i in range(2):
     if where in ("bwd", "both"):
-      want = inj.inject(name, rnd.derive(kb, i), g_gold[i], **params)
+      want = injectors.inject(name, rnd.derive(kb, i), g_gold[i], **params)
       np.testing.assert_array_equal(bits(g[i]), bits(want))
     else:  # straight through: the golden VJP
       np.testing.assert_array_equal(bits(g[i]), bits(g_gold[i]))
@@ -231,7 +233,7 @@ def test_kernel_wrapper_injects_forward_output_and_backward_cotangents(
 
 def test_kernel_wrapper_on_inputs_rounds_operands():
   a, b = data(24, (8, 64)), data(25, (64, 8))
-  kut = inj.injecting_kernel("precision:bf16", matmul, on="inputs")
+  kut = injectors.injecting_kernel("precision:bf16", matmul, on="inputs")
   y = kut(a, b, inject_key=jax.random.key(0))
   r = lambda t: t.astype(jnp.bfloat16).astype(jnp.float32)
   np.testing.assert_array_equal(bits(y), bits(matmul(r(a), r(b))))
@@ -243,7 +245,7 @@ def test_kernel_wrapper_on_inputs_rounds_operands():
 def test_kernel_in_a_jitted_training_step_with_a_key_per_call():
   w = data(26, (32, 4))
   x, t = data(27, (16, 32)), data(28, (16, 4))
-  kut = inj.injecting_kernel("bitflip", matmul, where="both", count=1,
+  kut = injectors.injecting_kernel("bitflip", matmul, where="both", count=1,
                              field_weights=(0, 0, 1))
   traces = []
 
@@ -264,14 +266,14 @@ def test_kernel_in_a_jitted_training_step_with_a_key_per_call():
 
 def test_kernel_wrapper_errors():
   with pytest.raises(PeatError, match="'where' expected one of"):
-    inj.injecting_kernel("bitflip", matmul, where="fw")
+    injectors.injecting_kernel("bitflip", matmul, where="fw")
   with pytest.raises(PeatError, match="'chunk' expected an integer >= 1"):
-    inj.injecting_kernel("accumulation:fp16", matmul, chunk=0)
+    injectors.injecting_kernel("accumulation:fp16", matmul, chunk=0)
   with pytest.raises(PeatError, match="unknown parameter"):
-    inj.injecting_kernel("reordering", matmul, share=0.1)
+    injectors.injecting_kernel("reordering", matmul, share=0.1)
   with pytest.raises(PeatError, match="on='inputs' expected where"):
-    inj.injecting_kernel("bitflip", matmul, on="inputs", where="bwd")
-  kut = inj.injecting_kernel("bitflip", matmul)
+    injectors.injecting_kernel("bitflip", matmul, on="inputs", where="bwd")
+  kut = injectors.injecting_kernel("bitflip", matmul)
   with pytest.raises(PeatError, match="inject_key"):
     kut(data(0, (2, 2)), data(1, (2, 2)))
 
@@ -298,34 +300,34 @@ def _n_diff(t1, t2):
 def test_inject_tree_one_leaf_each_leaf_and_regex():
   p = _params()
   for s in range(3):
-    q = inj.inject_tree("bitflip", jax.random.key(s), p)
+    q = injectors.inject_tree("bitflip", jax.random.key(s), p)
     assert _n_diff(p, q) == 1
-  q = inj.inject_tree("bitflip", jax.random.key(0), p, scope="each_leaf")
+  q = injectors.inject_tree("bitflip", jax.random.key(0), p, scope="each_leaf")
   assert _n_diff(p, q) == 4
-  q = inj.inject_tree("zero", jax.random.key(0), p, leaves=r"kernel$",
+  q = injectors.inject_tree("zero", jax.random.key(0), p, leaves=r"kernel$",
                       scope="each_leaf", count=3)
   assert _n_diff(p["params"]["Dense_0"]["bias"],
                  q["params"]["Dense_0"]["bias"]) == 0
   assert _n_diff(p, q) == 6
-  q = inj.inject_tree(
+  q = injectors.inject_tree(
       "scale", jax.random.key(0), p,
       leaves=lambda path, leaf: path.startswith("params/Dense_1"))
   assert _n_diff(p["params"]["Dense_0"], q["params"]["Dense_0"]) == 0
   assert q["step"] == 3
   # Jit-able and vmappable over keys.
   keys = jax.random.split(jax.random.key(9), 3)
-  qs = jax.jit(jax.vmap(lambda k: inj.inject_tree("bitflip", k, p)))(keys)
+  qs = jax.jit(jax.vmap(lambda k: injectors.inject_tree("bitflip", k, p)))(keys)
   for i in range(3):
-    one = inj.inject_tree("bitflip", keys[i], p)
+    one = injectors.inject_tree("bitflip", keys[i], p)
     assert _n_diff(jax.tree_util.tree_map(lambda v: v[i], qs), one) == 0
   with pytest.raises(PeatError, match="selected no floating leaf"):
-    inj.inject_tree("bitflip", jax.random.key(0), p, leaves="nothing")
+    injectors.inject_tree("bitflip", jax.random.key(0), p, leaves="nothing")
 
 
 def test_inject_gradients_hits_only_the_chosen_step():
   p = _params()["params"]
   grads = jax.tree_util.tree_map(lambda v: v * 0.5, p)
-  tx = inj.inject_gradients("bitflip", jax.random.key(0), steps=(1, 3),
+  tx = injectors.inject_gradients("bitflip", jax.random.key(0), steps=(1, 3),
                             count=1, bits=30)
   state = tx.init(p)
   update = jax.jit(tx.update)
@@ -335,11 +337,11 @@ def test_inject_gradients_hits_only_the_chosen_step():
     hits.append(_n_diff(u, grads))
   assert hits == [0, 1, 0, 1, 0]
   chain = optax.chain(
-      inj.inject_gradients("nan", jax.random.key(0), steps=0), optax.sgd(0.1))
+      injectors.inject_gradients("nan", jax.random.key(0), steps=0), optax.sgd(0.1))
   u, _ = chain.update(grads, chain.init(p), p)
   assert sum(int(jnp.isnan(v).sum()) for v in jax.tree_util.tree_leaves(u)) == 1
   with pytest.raises(PeatError, match="'steps' expected"):
-    inj.inject_gradients("nan", jax.random.key(0), steps=-1)
+    injectors.inject_gradients("nan", jax.random.key(0), steps=-1)
 
 
 # ---------------------------------------------------------------------------
@@ -358,16 +360,16 @@ def test_inject_gradients_hits_only_the_chosen_step():
     pytest.param(jnp.float16, id="f16", marks=pytest.mark.slow)))
 def test_tensor_campaign_equals_loop_and_replays_bitwise(name, params, dtype):
   x = data(40, (16, 16), dtype)
-  c = inj.campaign(name, jax.random.key(5), x, n=12, **params)
+  c = injectors.campaign(name, jax.random.key(5), x, n=12, **params)
   assert c.outputs.shape == (12, 16, 16)
   for i in range(12):  # a Python loop of single jitted injections
     np.testing.assert_array_equal(bits(c.outputs[i]),
-                                  bits(inj.inject(name, c.keys[i], x,
+                                  bits(injectors.inject(name, c.keys[i], x,
                                                   **params)))
   rec = c.records[7]
   assert rec.index == 7 and rec.name == name
-  assert rec.params == inj.injection_params(name, **params)
-  np.testing.assert_array_equal(bits(inj.replay(rec, x)), bits(c.outputs[7]))
+  assert rec.params == injectors.injection_params(name, **params)
+  np.testing.assert_array_equal(bits(injectors.replay(rec, x)), bits(c.outputs[7]))
   np.testing.assert_array_equal(bits(c.replay(3)), bits(c.outputs[3]))
   assert len({bits(o).tobytes() for o in c.outputs}) > 1
 
@@ -375,14 +377,14 @@ def test_tensor_campaign_equals_loop_and_replays_bitwise(name, params, dtype):
 def test_campaign_summaries_and_batches_match_the_full_vmap():
   x = data(41, (32, 32))
   stat = lambda y: jnp.max(jnp.abs(y - x))
-  c = inj.campaign("bitflip", jax.random.key(1), x, n=64, summarize=stat)
-  cb = inj.campaign("bitflip", jax.random.key(1), x, n=64, summarize=stat,
+  c = injectors.campaign("bitflip", jax.random.key(1), x, n=64, summarize=stat)
+  cb = injectors.campaign("bitflip", jax.random.key(1), x, n=64, summarize=stat,
                     batch_size=16)
   assert c.outputs.shape == (64,)
   np.testing.assert_array_equal(bits(c.outputs), bits(cb.outputs))
   # Another campaign with the same settings and a new key: no recompilation.
-  c2 = inj.campaign("bitflip", jax.random.key(2), x, n=64, summarize=stat)
-  batched, _ = inj._tensor_campaign_fns("bitflip", inj._freeze(c.params),
+  c2 = injectors.campaign("bitflip", jax.random.key(2), x, n=64, summarize=stat)
+  batched, _ = campaigns._tensor_campaign_fns("bitflip", checks._freeze(c.params),
                                         stat, None)
   assert batched._cache_size() == 1
   assert (bits(c2.outputs) != bits(c.outputs)).any()
@@ -398,7 +400,7 @@ def test_campaign_summaries_and_batches_match_the_full_vmap():
 ])
 def test_kernel_campaign_replays_bitwise(name, where, params):
   a, b = data(42, (8, 64)), data(43, (64, 8))
-  c = inj.kernel_campaign(name, jax.random.key(2), matmul, (a, b), n=6,
+  c = injectors.kernel_campaign(name, jax.random.key(2), matmul, (a, b), n=6,
                           where=where, **params)
   for i in (0, 5):
     want = c.replay(i)
@@ -406,20 +408,20 @@ def test_kernel_campaign_replays_bitwise(name, where, params):
     for u, v in zip(jax.tree_util.tree_leaves(want),
                     jax.tree_util.tree_leaves(got)):
       np.testing.assert_array_equal(bits(u), bits(v))
-  assert c.record(5).params == inj.injection_params(name, **params)
+  assert c.record(5).params == injectors.injection_params(name, **params)
 
 
 def test_campaign_errors():
   x = data(44, (4, 4))
   with pytest.raises(PeatError, match="'n' expected a positive int"):
-    inj.campaign("bitflip", jax.random.key(0), x, n=0)
+    injectors.campaign("bitflip", jax.random.key(0), x, n=0)
   with pytest.raises(PeatError, match="'batch_size' expected"):
-    inj.campaign("bitflip", jax.random.key(0), x, n=4, batch_size=0)
+    injectors.campaign("bitflip", jax.random.key(0), x, n=4, batch_size=0)
   with pytest.raises(PeatError, match="arrays only"):
-    inj.kernel_campaign("bitflip", jax.random.key(0), lax.dot_general,
+    injectors.kernel_campaign("bitflip", jax.random.key(0), lax.dot_general,
                         (x, x, DOT), n=2)
   # Kernels with static arguments: bind them with functools.partial.
-  c = inj.kernel_campaign("bitflip", jax.random.key(0),
+  c = injectors.kernel_campaign("bitflip", jax.random.key(0),
                           functools.partial(lax.dot_general,
                                             dimension_numbers=DOT),
                           (x, x), n=2)

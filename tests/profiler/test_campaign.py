@@ -4,13 +4,13 @@ import json
 import math
 import os
 
-from absl import flags
 from absl.testing import flagsaver
 import jax
 import pytest
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as C
+from peat_jax import profiler
+from peat_jax.profiler import _records as records
 from peat_jax import models
 from peat_jax.kernels import kut
 from peat_jax.tools import validate as validate_tool
@@ -30,12 +30,12 @@ def task():
 @pytest.fixture(scope="module")
 def golden_campaign(task, tmp_path_factory):
   d = tmp_path_factory.mktemp("campaign") / "golden_kut"
-  paths = C.validate(task, "golden", d, **SETTINGS)
+  paths = profiler.validate(task, "golden", d, **SETTINGS)
   return d, paths
 
 
 def _site_records(d):
-  return [r for r in C.read_records(d / C.PLAYBACK_FILE)
+  return [r for r in profiler.read_records(d / profiler.PLAYBACK_FILE)
           if r["kind"] == "site"]
 
 
@@ -84,14 +84,14 @@ def test_resume_through_tool_skips_done_steps(golden_campaign, capsys):
 def test_other_settings_refused(golden_campaign, task):
   d, _ = golden_campaign
   with pytest.raises(peat.PeatError, match=r"other settings.*kut"):
-    C.validate(task, "native:matmul:default", d, **SETTINGS)
+    profiler.validate(task, "native:matmul:default", d, **SETTINGS)
 
 
 def test_lock_refused(golden_campaign, task):
   d, _ = golden_campaign
-  with C.campaign_lock(str(d)):
+  with profiler.campaign_lock(str(d)):
     with pytest.raises(peat.PeatError, match=f"{d} is locked"):
-      C.validate(task, "golden", d, **SETTINGS)
+      profiler.validate(task, "golden", d, **SETTINGS)
 
 
 def _missed_write_matmul(lhs, rhs, **params):
@@ -104,48 +104,48 @@ def test_faulty_kut_fails_and_localizes(golden_campaign, task, tmp_path):
   d, _ = golden_campaign
   spec = "test:missed_write_matmul"
   kut.register_kut(spec, _missed_write_matmul, kernel="dot_general")
-  pb = C.playback(task, d / "golden", spec, campaign_dir=tmp_path)
+  pb = profiler.playback(task, d / "golden", spec, campaign_dir=tmp_path)
   assert {r["step"] for r in pb.records} == {0, 4}
-  v = peat.verdict({(r["site"], r["step"]): C.diagnosis_of(r)
+  v = peat.verdict({(r["site"], r["step"]): records.diagnosis_of(r)
                     for r in pb.records})
   assert v.verdict == "fail"
   assert pb.localization["site"] == "fwd/Cnn/Linear/dot_general:0"
   assert pb.localization["step"] == 0
   assert any(e["loss_kut"] != e["loss_golden"] for e in pb.effects)
   # A second call finds every step done: no new record.
-  n = len(C.read_records(tmp_path / C.PLAYBACK_FILE))
-  C.playback(task, d / "golden", spec, campaign_dir=tmp_path)
-  assert len(C.read_records(tmp_path / C.PLAYBACK_FILE)) == n
+  n = len(profiler.read_records(tmp_path / profiler.PLAYBACK_FILE))
+  profiler.playback(task, d / "golden", spec, campaign_dir=tmp_path)
+  assert len(profiler.read_records(tmp_path / profiler.PLAYBACK_FILE)) == n
 
 
 def test_divergence_rules():
   g = [2.0] * 10
   env = [0.01] * 10
-  assert C.divergence(g, g, env) == (None, None)
-  at, why = C.divergence([2.0, 2.0, math.nan] + [2.0] * 7, g, env)
+  assert profiler.divergence(g, g, env) == (None, None)
+  at, why = profiler.divergence([2.0, 2.0, math.nan] + [2.0] * 7, g, env)
   assert at == 2 and "non-finite" in why
-  at, why = C.divergence([2.0, 30.0] + [2.0] * 8, g, env)
+  at, why = profiler.divergence([2.0, 30.0] + [2.0] * 8, g, env)
   assert at == 1 and "10x" in why
-  at, why = C.divergence([2.0, 2.1, 2.1, 2.1, 2.1, 2.1, 2.0, 2, 2, 2], g, env)
+  at, why = profiler.divergence([2.0, 2.1, 2.1, 2.1, 2.1, 2.1, 2.0, 2, 2, 2], g, env)
   assert at == 1 and "5 consecutive" in why
-  at, _ = C.divergence([2.0, 2.1, 2.1, 2.0, 2.1, 2.1, 2.1, 2.1, 2, 2], g, env)
+  at, _ = profiler.divergence([2.0, 2.1, 2.1, 2.0, 2.1, 2.1, 2.1, 2.1, 2, 2], g, env)
   assert at is None
-  assert list(C.envelope([1, 0, 0, 3, 0], window=2)) == [1, 1, 0, 3, 3]
+  assert list(profiler.envelope([1, 0, 0, 3, 0], window=2)) == [1, 1, 0, 3, 3]
 
 
 def test_frequency_parsing():
-  assert C.parse_frequency("every_4")[1] == "every 4th step"
-  assert C.parse_frequency("fraction_0.25")[0] == peat.Fraction(0.25, seed=0)
+  assert profiler.parse_frequency("every_4")[1] == "every 4th step"
+  assert profiler.parse_frequency("fraction_0.25")[0] == peat.Fraction(0.25, seed=0)
   with pytest.raises(peat.PeatError, match="every_<n>"):
-    C.parse_frequency("sometimes")
+    profiler.parse_frequency("sometimes")
 
 
 def test_truncated_record_file(tmp_path):
   p = tmp_path / "r.msgpack"
-  C.append_records(str(p), [{"a": 1}, {"a": 2}])
+  profiler.append_records(str(p), [{"a": 1}, {"a": 2}])
   with open(p, "ab") as f:
     f.write(b"\x82\xa1a")  # a record cut short
-  assert C.read_records(p) == [{"a": 1}, {"a": 2}]
+  assert profiler.read_records(p) == [{"a": 1}, {"a": 2}]
 
 
 def test_prepare_task_factory_rebuilds_the_same_task(tmp_path):
@@ -179,5 +179,5 @@ def test_tool_isolates_native_kuts_by_default(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("(isolated: worker processes" in out) == (mode == "auto"), out
     assert "verdict: warn" in out
-    records[mode] = (d / C.PLAYBACK_FILE).read_bytes()
+    records[mode] = (d / profiler.PLAYBACK_FILE).read_bytes()
   assert records["auto"] == records["off"] and len(records["auto"]) > 1000

@@ -17,11 +17,11 @@ import pytest
 from jax import lax
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
+from peat_jax import profiler as _campaign
 from peat_jax.profiler import _capture as _capture
 from peat_jax.profiler import _capture_io as io
 from peat_jax.profiler import _oplevel as _oplevel
-from peat_jax.sites import _discovery as _sites
+from peat_jax import sites as _sites
 
 STEPS, EVERY = 4, 2
 SELECT = dict(capture_kernel=("conv_general_dilated", "dot_general",
@@ -376,7 +376,7 @@ def test_ops_native_kut_is_diagnosed(ops_dir, spec, site, model,
 
 
 def test_ops_report_rebuilds_from_ops_records(ops_dir):
-  from peat_jax.profiler import _campaign_report as _campaign_report  # pylint: disable=g-import-not-at-top
+  from peat_jax import profiler as _campaign_report  # pylint: disable=g-import-not-at-top
   _oplevel.playback_ops(ops_dir, "native:matmul:in_bf16", steps=[0])
   out = _campaign_report.rebuild_report(ops_dir, kut="native:matmul:in_bf16")
   data = json.loads(open(out.json).read())

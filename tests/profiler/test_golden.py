@@ -165,7 +165,7 @@ def test_direct_read_equals_orbax_restore(golden, step, monkeypatch):
   """The tensorstore reader returns Orbax's arrays bitwise, on the
   target's device, and is the path taken for this layout."""
   from peat_jax.profiler import _checkpoint as _checkpoint  # pylint: disable=g-import-not-at-top
-  from peat_jax.profiler import _golden as _golden  # pylint: disable=g-import-not-at-top
+  from peat_jax import profiler as _golden  # pylint: disable=g-import-not-at-top
   calls = []
   real = _checkpoint._read_direct
   monkeypatch.setattr(_checkpoint, "_read_direct",

@@ -7,14 +7,15 @@ import os
 import pytest
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as C
-from peat_jax.profiler import _isolate as I
-from peat_jax.profiler import _records as R
-from peat_jax.report import _html as _report
+from peat_jax import profiler
+from peat_jax.profiler import _campaign as campaign
+from peat_jax.profiler import _isolate as isolate
+from peat_jax.profiler import _isolated as isolated
+from peat_jax import report as _report
 from peat_jax.kernels import _variants
 from peat_jax.kernels import kut
 
-FACTORY = I.TaskFactory("peat_jax.models", "get_task",
+FACTORY = profiler.TaskFactory("peat_jax.models", "get_task",
                         {"name": "cnn", "batch_size": 16})
 
 
@@ -51,16 +52,16 @@ def test_broken_specs_parse_but_are_never_enumerated():
 ])
 def test_broken_kut_needs_isolation_and_a_factory(tmp_path, isolate, match):
   with pytest.raises(peat.PeatError, match=match):
-    C.validate(_fake_task(), "native:matmul:crash_segv", tmp_path / "c",
+    profiler.validate(_fake_task(), "native:matmul:crash_segv", tmp_path / "c",
                isolate=isolate, progress=None)
   assert not (tmp_path / "c").exists()  # refused before anything was written
 
 
 def test_task_factory_errors():
   with pytest.raises(peat.PeatError, match="cannot be imported"):
-    I.TaskFactory("peat_jax.no_such_module", "f").build()
+    profiler.TaskFactory("peat_jax.no_such_module", "f").build()
   with pytest.raises(peat.PeatError, match="returned dict; expected a peat"):
-    I.TaskFactory("json", "loads", {"s": "{}"}).build()
+    profiler.TaskFactory("json", "loads", {"s": "{}"}).build()
 
 
 # --------------------------------------------------------------- workers
@@ -71,7 +72,7 @@ def test_task_factory_errors():
     ("hang", "hang", None),
 ])
 def test_check_kut_turns_a_broken_kernel_into_a_finding(variant, kind, sig):
-  f = I.check_kut(f"native:matmul:{variant}", timeout_s=2.0, startup_s=120.0,
+  f = profiler.check_kut(f"native:matmul:{variant}", timeout_s=2.0, startup_s=120.0,
                   memory_limit_mb=2048)
   assert f["kind"] == kind and f["signal"] == sig
   assert f["kut"] == f"native:matmul:{variant}" and f["phase"] == "check"
@@ -91,7 +92,7 @@ def test_check_kut_turns_a_broken_kernel_into_a_finding(variant, kind, sig):
     ("native:conv2d:crash_segv@9", None, None, None),  # spared: golden runs
 ])
 def test_check_kut_more_kernels(spec, kind, sig, msg):
-  f = I.check_kut(spec, timeout_s=5.0, startup_s=120.0, memory_limit_mb=1024)
+  f = profiler.check_kut(spec, timeout_s=5.0, startup_s=120.0, memory_limit_mb=1024)
   if kind is None:
     assert f is None
   else:
@@ -101,7 +102,7 @@ def test_check_kut_more_kernels(spec, kind, sig, msg):
 @pytest.mark.slow
 def test_oom_cap_without_memory_limit_is_resource_exhausted(monkeypatch):
   monkeypatch.setenv("PEAT_BROKEN_OOM_CAP_MB", "128")
-  f = I.check_kut("native:matmul:oom", timeout_s=30.0, startup_s=120.0,
+  f = profiler.check_kut("native:matmul:oom", timeout_s=30.0, startup_s=120.0,
                   memory_limit_mb=None)
   assert f["kind"] == "crash" and f["signal"] is None
   assert "out of memory" in f["message"] and "RESOURCE_EXHAUSTED" in f[
@@ -111,28 +112,28 @@ def test_oom_cap_without_memory_limit_is_resource_exhausted(monkeypatch):
 @pytest.mark.slow
 def test_worker_errors_are_raised_not_recorded():
   with pytest.raises(peat.PeatError, match="check_kut runs dot_general"):
-    I.check_kut("native:softmax:default", timeout_s=30.0, startup_s=120.0)
+    profiler.check_kut("native:softmax:default", timeout_s=30.0, startup_s=120.0)
 
 
 # ---------------------------------------------------------- report data
 
 
 def _findings():
-  crash = I.Death("crash", "SIGSEGV", None, "killed by SIGSEGV", 4)
-  hang = I.Death("hang", None, 3.0, "no result within 3 s", "every")
-  return [I.finding_record(crash, "native:matmul:crash_segv", "playback",
+  crash = isolate.Death("crash", "SIGSEGV", None, "killed by SIGSEGV", 4)
+  hang = isolate.Death("hang", None, 3.0, "no result within 3 s", "every")
+  return [isolated.finding_record(crash, "native:matmul:crash_segv", "playback",
                            step=4, site="fwd/Cnn/Linear/dot_general:0"),
-          I.finding_record(hang, "native:matmul:crash_segv", "runtime",
+          isolated.finding_record(hang, "native:matmul:crash_segv", "runtime",
                            frequency="every")]
 
 
 def test_findings_fail_the_verdict_and_show_in_report_and_summary(tmp_path):
   findings = _findings()
-  v = C._verdict_data({}, findings)
+  v = campaign._verdict_data({}, findings)
   assert v["verdict"] == "fail"
   assert v["summary"].startswith("fail: the KUT crashed and hung (2 findings)")
   assert v["deciding"][0] == ["fwd/Cnn/Linear/dot_general:0", 4]
-  rt = I.runtime_result(
+  rt = isolated.runtime_result(
       [{"name": "golden", "loss": [2.0, 1.9]},
        {"name": "spread", "loss": [0.1, 0.1]},
        {"name": "every", "loss": [], "label": "every call",
@@ -149,7 +150,7 @@ def test_findings_fail_the_verdict_and_show_in_report_and_summary(tmp_path):
   assert '<section id="crashes"><h2>Crashes and hangs</h2>' in html
   assert "SIGSEGV" in html and "time limit 3 s" in html
   assert json.loads(paths.json.read_text())["crashes"] == findings
-  text = C.summary_table(data)
+  text = profiler.summary_table(data)
   assert "runtime every call               hang: no result within 3 s" in text
   assert ("crash: playback step 4 at site fwd/Cnn/Linear/dot_general:0: "
           "SIGSEGV") in text
@@ -160,11 +161,11 @@ def test_findings_fail_the_verdict_and_show_in_report_and_summary(tmp_path):
 
 
 def test_read_findings_filters_by_kut(tmp_path):
-  R.append_records(str(tmp_path / I.CRASH_FILE), _findings())
-  R.append_records(str(tmp_path / I.CRASH_FILE),
+  profiler.append_records(str(tmp_path / isolate.CRASH_FILE), _findings())
+  profiler.append_records(str(tmp_path / isolate.CRASH_FILE),
                    [dict(_findings()[0], kut="other")])
-  assert I.read_findings(tmp_path, "native:matmul:crash_segv") == _findings()
-  assert len(I.read_findings(tmp_path)) == 3
+  assert profiler.read_findings(tmp_path, "native:matmul:crash_segv") == _findings()
+  assert len(profiler.read_findings(tmp_path)) == 3
 
 
 # --------------------------------------------------------------- campaigns
@@ -182,16 +183,16 @@ def test_campaign_attributes_a_crash_to_its_site_and_goes_on(tmp_path,
   frequency as crashed, the verdict fails, and a rerun redoes nothing."""
   d = tmp_path / "c"
   spec = "native:conv2d:crash_segv@144"
-  paths = C.validate(FACTORY, spec, d, timeout_s=120, startup_s=300,
+  paths = profiler.validate(FACTORY, spec, d, timeout_s=120, startup_s=300,
                      memory_limit_mb=4096, **SMALL)
   assert paths.verdict == "fail"
-  found = I.read_findings(d, spec)
+  found = profiler.read_findings(d, spec)
   assert [(f["phase"], f["kind"], f["signal"], f["step"], f["site"],
            f["frequency"]) for f in found] == [
                ("playback", "crash", "SIGSEGV", 0,
                 "fwd/Cnn/Conv/conv_general_dilated:1", None),
                ("runtime", "crash", "SIGSEGV", None, None, "every")]
-  rt = {r["name"]: r for r in R.read_records(d / R.RUNTIME_FILE)}
+  rt = {r["name"]: r for r in profiler.read_records(d / profiler.RUNTIME_FILE)}
   assert set(rt) == {"golden", "spread", "every"}
   assert rt["every"]["crash"]["signal"] == "SIGSEGV"
   report = json.loads(open(paths.json).read())
@@ -200,11 +201,11 @@ def test_campaign_attributes_a_crash_to_its_site_and_goes_on(tmp_path,
   out = capsys.readouterr().out
   assert "replaying site fwd/Cnn/Conv/conv_general_dilated:2 alone" in out
   # Resume: nothing is replayed, no finding is added.
-  C.validate(FACTORY, spec, d, timeout_s=120, startup_s=300,
+  profiler.validate(FACTORY, spec, d, timeout_s=120, startup_s=300,
              memory_limit_mb=4096, **SMALL)
   assert "playback step 0: crashed or hung before, skipped" in (
       capsys.readouterr().out)
-  assert I.read_findings(d, spec) == found
+  assert profiler.read_findings(d, spec) == found
 
 
 @pytest.mark.slow
@@ -214,10 +215,10 @@ def test_campaign_records_hang_and_oom(tmp_path, variant, kind, sig,
                                        timeout_s):
   d = tmp_path / "c"
   spec = f"native:matmul:{variant}"
-  paths = C.validate(FACTORY, spec, d, timeout_s=timeout_s, startup_s=150,
+  paths = profiler.validate(FACTORY, spec, d, timeout_s=timeout_s, startup_s=150,
                      memory_limit_mb=1536, **SMALL)
   assert paths.verdict == "fail"
-  found = I.read_findings(d, spec)
+  found = profiler.read_findings(d, spec)
   assert [(f["phase"], f["kind"], f["signal"], f["site"]) for f in found] == [
       ("playback", kind, sig, "fwd/Cnn/Linear/dot_general:0"),
       ("runtime", kind, sig, None)]

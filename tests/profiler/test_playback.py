@@ -17,9 +17,13 @@ import numpy as np
 import pytest
 
 import peat_jax as peat
-from peat_jax.profiler import _golden as _golden
-from peat_jax.profiler import _playback as P
-from peat_jax.sites import _substitution as _sites_subst
+from peat_jax import profiler as _golden
+from peat_jax import profiler
+from peat_jax.profiler import _playback as playback
+from peat_jax.profiler import _player as player_mod
+from peat_jax.profiler import _records as records
+from peat_jax.profiler import _golden as golden_module
+from peat_jax import sites as _sites_subst
 from peat_jax import models
 from peat_jax.kernels import kut
 
@@ -56,14 +60,14 @@ def test_update_rel_diff_matches_host_float64(seed):
        for k, v in p.items()}
   k_ = {k: v + 1e-6 * rng.standard_normal(v.shape).astype(np.float32)
         for k, v in g.items()}
-  got = P.update_rel_diff(p, g, k_)
+  got = player_mod.update_rel_diff(p, g, k_)
   want = _host_update_rel_diff(p, g, k_)
   assert got > 0 and math.isclose(got, want, rel_tol=1e-12)
-  assert P.update_rel_diff(p, g, k_) == got  # deterministic
+  assert player_mod.update_rel_diff(p, g, k_) == got  # deterministic
   assert not jax.config.jax_enable_x64  # x64 stayed scoped to the call
-  assert P.update_rel_diff(p, g, g) == 0.0
-  assert P.update_rel_diff(p, p, p) == 0.0
-  assert P.update_rel_diff(p, p, g) == math.inf
+  assert player_mod.update_rel_diff(p, g, g) == 0.0
+  assert player_mod.update_rel_diff(p, p, p) == 0.0
+  assert player_mod.update_rel_diff(p, p, g) == math.inf
 
 
 class _FakeRestore:
@@ -94,8 +98,8 @@ class _FakeRestore:
 @pytest.mark.parametrize("ahead", [0, 1, 3])
 def test_prefetcher_order_threads_and_errors(monkeypatch, ahead):
   fake = _FakeRestore(fail_at=5)
-  monkeypatch.setattr(P._golden, "StateReader", fake)
-  loader = P._Prefetcher("/ckpt", None, [0, 2, 4, 5, 6], ahead)
+  monkeypatch.setattr(golden_module, "StateReader", fake)
+  loader = playback._Prefetcher("/ckpt", None, [0, 2, 4, 5, 6], ahead)
   try:
     got = [loader.next() for _ in range(3)]
     assert got == [(s, {"step": s}) for s in (0, 2, 4)]
@@ -114,7 +118,7 @@ def test_prefetcher_order_threads_and_errors(monkeypatch, ahead):
 
 def test_playback_refuses_bad_prefetch(tmp_path):
   with pytest.raises(peat.PeatError, match="prefetch must be an int >= 0"):
-    P.playback(None, tmp_path, "golden", prefetch=-1)
+    profiler.playback(None, tmp_path, "golden", prefetch=-1)
 
 
 # ------------------------------------------------------ one golden run
@@ -132,7 +136,7 @@ def run(tmp_path_factory):
 def _plain_records(task, spec, step, state):
   """The plain path: tapped and substituted steps jitted apart, host diff."""
   batch = task.batch_at(int(state.data_position))
-  calls, _ = P.select_calls(task, state, batch, spec, None)
+  calls, _ = profiler.select_calls(task, state, batch, spec, None)
   store = {}
   subs = [_sites_subst.Substitution(kut.recording(
       c.sub.kut, c.site.name, c.site.kernel, c.site.composite, store),
@@ -143,7 +147,7 @@ def _plain_records(task, spec, step, state):
       _sites_subst.Substitution(calls[0].sub.kut,
                                 sites=tuple(c.site.name for c in calls)))))(
                                     state, batch)
-  recs = [P.site_record(c.site, store[c.site.name], taps[c.site.name], spec,
+  recs = [profiler.site_record(c.site, store[c.site.name], taps[c.site.name], spec,
                         step) for c in calls]
   return recs, gm, km, _host_update_rel_diff(state.params, gstate.params,
                                             kstate.params)
@@ -153,7 +157,7 @@ def _plain_records(task, spec, step, state):
 def test_player_matches_plain_path_bitwise_and_reruns(run):
   task, g = run
   state0 = _golden.restore_state(g.checkpoint_dir, task, 0)
-  player = P.Player(task, SPEC, state0, task.batch_at(0))
+  player = profiler.Player(task, SPEC, state0, task.batch_at(0))
   for step in (0, 1):
     state = _golden.restore_state(g.checkpoint_dir, task, step)
     recs = player.play(step, state)
@@ -179,18 +183,18 @@ def test_playback_records_do_not_depend_on_prefetch(run, tmp_path):
   files = []
   for ahead in (0, 2):
     d = tmp_path / f"prefetch{ahead}"
-    res = P.playback(task, g.workdir, SPEC, campaign_dir=d, steps=[0, 1],
+    res = profiler.playback(task, g.workdir, SPEC, campaign_dir=d, steps=[0, 1],
                      prefetch=ahead)
     assert [e["step"] for e in res.effects] == [0, 1]
-    files.append((d / P.PLAYBACK_FILE).read_bytes())
+    files.append((d / profiler.PLAYBACK_FILE).read_bytes())
   assert files[0] == files[1]
 
 
 def test_playback_many_refuses_bad_spec_lists(tmp_path):
   with pytest.raises(peat.PeatError, match="more than once"):
-    P.playback_many(None, tmp_path, [SPEC, "golden", SPEC])
+    profiler.playback_many(None, tmp_path, [SPEC, "golden", SPEC])
   with pytest.raises(peat.PeatError, match="one or more KUT spec strings"):
-    P.playback_many(None, tmp_path, [])
+    profiler.playback_many(None, tmp_path, [])
 
 
 @pytest.mark.slow  # compiles three Players and two groups
@@ -204,12 +208,12 @@ def test_playback_many_equals_each_kut_alone_and_resumes_per_kut(run,
   # convolutions.
   specs = [SPEC, "native:matmul:in_bf16", "native:conv2d:in_bf16"]
   together = tmp_path / "together"
-  res = P.playback_many(task, g.workdir, specs, campaign_dir=together,
+  res = profiler.playback_many(task, g.workdir, specs, campaign_dir=together,
                         steps=[0, 1])
-  path = together / P.PLAYBACK_FILE
+  path = together / profiler.PLAYBACK_FILE
   mine = lambda recs, k: [r for r in recs if r["kut"] == k]
   for k in specs:
-    alone = P.playback(task, g.workdir, k, campaign_dir=tmp_path / "alone",
+    alone = profiler.playback(task, g.workdir, k, campaign_dir=tmp_path / "alone",
                        steps=[0, 1])
     assert msgpack.packb(res[k].records) == msgpack.packb(alone.records)
     assert msgpack.packb(res[k].effects) == msgpack.packb(alone.effects)
@@ -218,17 +222,17 @@ def test_playback_many_equals_each_kut_alone_and_resumes_per_kut(run,
   assert models_of[SPEC] == {"truncation"}
   assert models_of["native:conv2d:in_bf16"] == {"precision:bf16"}
   # Resume: drop the first KUT's effect record of step 1.
-  recs = P.read_records(str(path))
-  P.rewrite_records(str(path), [
+  recs = profiler.read_records(str(path))
+  records.rewrite_records(str(path), [
       r for r in recs if not (r["kut"] == SPEC and r["step"] == 1
                               and r["kind"] == "effect")])
   lines = []
-  again = P.playback_many(task, g.workdir, specs, campaign_dir=together,
+  again = profiler.playback_many(task, g.workdir, specs, campaign_dir=together,
                           steps=[0, 1], progress=lines.append)
   played = [ln for ln in lines if "done before" not in ln]
   assert len(played) == 1 and played[0].startswith(f"playback step 1 {SPEC}:")
   assert sum("done before" in ln for ln in lines) == 5
-  after = P.read_records(str(path))
+  after = profiler.read_records(str(path))
   for k in specs:
     assert msgpack.packb(again[k].records) == msgpack.packb(res[k].records)
     assert len(mine(after, k)) == len(mine(recs, k))

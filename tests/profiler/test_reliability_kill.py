@@ -29,12 +29,12 @@ import msgpack
 import numpy as np
 import pytest
 
-from peat_jax.profiler import _records as _records
+from peat_jax import profiler as _records
 
 KUT = "native:matmul:in_bf16"
 SCRIPT = textwrap.dedent(f"""
     import sys
-    from peat_jax.profiler import _campaign as _campaign, _isolate
+    from peat_jax import profiler as _campaign, _isolate
     factory = _isolate.TaskFactory("peat_jax.models", "get_task",
                                    {{"name": "cnn", "batch_size": 16}})
     _campaign.validate(factory, {KUT!r}, sys.argv[1], steps=6,

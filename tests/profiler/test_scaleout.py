@@ -23,10 +23,10 @@ import optax
 import pytest
 
 import peat_jax as peat
-from peat_jax.profiler import _checkpoint_local as C
+from peat_jax import profiler as C
 from peat_jax.profiler import _data_parallel as D
-from peat_jax.profiler import _records as _records
-from peat_jax.profiler import _runtime as _runtime
+from peat_jax import profiler as _records
+from peat_jax import profiler as _runtime
 from peat_jax.profiler import _scaleout as S
 
 KUT = "native:matmul:default"

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from peat_jax.report import _charts as _svg
-from peat_jax.core._errors import PeatError
-from peat_jax.report._html import ReportPaths, render_html, write_report
+from peat_jax.core import PeatError
+from peat_jax.report import ReportPaths, render_html, write_report
 
 STRANGE_SITE = "fwd/Block<0>/Attn & Co/dot_general:1"
 VOID = {"meta", "br", "hr", "img", "input", "link", "col", "wbr", "area",

@@ -18,7 +18,7 @@ import zlib
 
 import pytest
 
-from peat_jax.report._html import write_report
+from peat_jax.report import write_report
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",

@@ -7,10 +7,10 @@ import optax
 import pytest
 from flax import nnx
 
-from peat_jax.sites import _discovery as _sites
-from peat_jax.sites import _substitution as S
-from peat_jax.sites._composite import composite, composite_call
-from peat_jax.core._errors import PeatError
+from peat_jax import sites as _sites
+from peat_jax import sites as S
+from peat_jax.sites import composite, composite_call
+from peat_jax.core import PeatError
 
 
 def _softmax(x, axis=-1):

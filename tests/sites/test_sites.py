@@ -19,11 +19,11 @@ import pytest
 from flax import nnx
 from jax import lax
 
-from peat_jax.sites import _discovery as _sites
-from peat_jax.sites import _substitution as S
-from peat_jax.sites._composite import composite, composite_call
-from peat_jax.core._errors import PeatError
-from peat_jax.profiler._train_state import TrainState
+from peat_jax import sites as _sites
+from peat_jax import sites as S
+from peat_jax.sites import composite, composite_call
+from peat_jax.core import PeatError
+from peat_jax.profiler import TrainState
 
 # ---------------------------------------------------------------------------
 # Small models and train steps

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from peat_jax.sites import _discovery as _sites
-from peat_jax.sites import _substitution as S
+from peat_jax import sites as _sites
+from peat_jax import sites as S
 from peat_jax import models
 
 # Small configs: discovery only traces; substitution compiles the step.

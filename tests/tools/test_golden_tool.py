@@ -2,7 +2,6 @@
 
 import os
 
-from absl import flags
 from absl.testing import flagsaver
 import pytest
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from peat_jax.profiler import _campaign as _campaign
+from peat_jax import profiler
 from peat_jax.tools import _cli
 from peat_jax.tools import playback
 
@@ -14,7 +14,7 @@ def test_ops_playback_prints_eta_summary_and_verdict(ops_played, cli):
   assert "[1/2," in lines[0] and "ETA" in lines[0]
   assert f"KUT {cli.kut} on captured inputs: WARN" in out
   assert f"records: {d}/ops.msgpack" in out and "verdict: warn" in out
-  recs = _campaign.read_records(d / "ops.msgpack")
+  recs = profiler.read_records(d / "ops.msgpack")
   assert [(r["step"], r["site"]) for r in recs] == [(0, cli.dense),
                                                     (1, cli.dense)]
 
@@ -28,7 +28,7 @@ def test_model_playback_over_checkpoints(profiled, cli):
   assert "[1/1," in out.splitlines()[0]
   assert f"KUT {cli.kut} on cnn: WARN" in out   # --scenario's default
   assert "playback max |loss_kut - loss_golden|" in out
-  recs = _campaign.read_records(d / "playback.msgpack")
+  recs = profiler.read_records(d / "playback.msgpack")
   assert [(r["kind"], r["step"]) for r in recs] == [("site", 0),
                                                     ("effect", 0)]
 

@@ -6,8 +6,8 @@ import os
 import pytest
 
 import peat_jax as peat
-from peat_jax.profiler import _campaign as _campaign
-from peat_jax.profiler import _capture_io as _capture_io
+from peat_jax import profiler as _campaign
+from peat_jax import profiler as _capture_io
 from peat_jax.tools import _cli
 from peat_jax.tools import profile
 

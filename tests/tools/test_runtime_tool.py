@@ -2,7 +2,7 @@
 
 import pytest
 
-from peat_jax.profiler import _campaign as _campaign
+from peat_jax import profiler
 from peat_jax.tools import _cli
 from peat_jax.tools import runtime
 
@@ -22,7 +22,7 @@ def test_runtime_sweep_prints_eta_and_table(profiled, cli):
                               "final", "max", "|loss", "-", "golden|",
                               "diverged", "at", "reason"]
   assert lines[4].split()[:3] == ["every", "call", "3"]
-  names = [r["name"] for r in _campaign.read_records(d / "runtime.msgpack")
+  names = [r["name"] for r in profiler.read_records(d / "runtime.msgpack")
            if r["kut"] == cli.kut]
   assert names == ["golden", "spread", "every", "every_2"]
 

@@ -1,6 +1,5 @@
 """Tests of the site-listing tool (tools/sites.py)."""
 
-from absl import flags
 from absl.testing import flagsaver
 import pytest
 

@@ -1,0 +1,151 @@
+"""Floating-point facts and the derived numbers every Detector rule reads.
+
+The Detector's thresholds come from these facts (unit roundoff, format
+maxima, smallest normals), not from tuning; :class:`_Facts` holds what the
+rules derive from one signature."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import numpy as np
+
+from peat_jax.core import PeatError
+
+#: Unit roundoff (2**-precision) of the formats the Detector knows.
+UNIT_ROUNDOFF = {
+    "fp64": 2.0**-53, "fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11,
+    "bf16": 2.0**-8, "fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3,
+}
+#: Order of the analyzer's representability shares (Signature.repr_test).
+NARROW_FORMATS = ("bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2")
+#: Largest finite value of the narrow formats (saturation targets).
+FORMAT_MAX = {"fp16": 65504.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0,
+              "bf16": 3.3895314e38}
+#: Error models after which a kernel under test fails / only warns.
+FAULT_MODELS = ("nan", "saturation", "bitflip", "stuck_at", "random_value",
+                "zero", "lane", "indexing", "scale", "unknown")
+PRECISION_MODELS = ("precision", "accumulation", "truncation", "ftz",
+                    "nondeterminism")
+#: torch.compile's fp64 check: the KUT's RMS error against the float64
+#: reference may be at most this many times the golden kernel's.
+NOISE_FLOOR_MULTIPLIER = 2.0
+#: With a reference, a KUT more than this many times the golden kernel's
+#: float64 RMS error is not "reordering" (a different order of a float32
+#: sum has errors of the golden's own size; measured <= 4x in calibration).
+REORDERING_ENVELOPE = 16.0
+#: Least elements that must agree on a structural pattern (a stuck bit's
+#: polarity, a lane) before it is called a pattern: 8 random events share
+#: one polarity with probability 2**-7.
+MIN_PATTERN = 8
+
+
+class Candidate(NamedTuple):
+  """One error model that a rule found consistent with the signature.
+
+  Attributes:
+    model: error-model name (``precision:bf16``, ``bitflip``, ...).
+    confidence: in (0, 1]; how sharply the rule's statistics held.
+    evidence: one sentence with the numbers that fired the rule.
+    params: what the rule inferred (bit positions, format, lane, shift...).
+  """
+
+  model: str
+  confidence: float
+  evidence: str
+  params: Mapping[str, Any]
+
+
+class Diagnosis(NamedTuple):
+  """The Detector's answer for one signature.
+
+  Attributes:
+    model: the top-ranked error model.
+    confidence: its confidence.
+    evidence: its evidence sentence.
+    params: its inferred parameters.
+    candidates: every model whose rule held, best first.
+    verdict: ``pass``, ``warn`` or ``fail`` for this one record.
+  """
+
+  model: str
+  confidence: float
+  evidence: str
+  params: Mapping[str, Any]
+  candidates: tuple[Candidate, ...]
+  verdict: str
+
+
+def _host(sig) -> dict[str, np.ndarray]:
+  fields = getattr(sig, "_fields", None)
+  if fields is None or "share_differ" not in fields:
+    raise PeatError(
+        f"detect() takes a Signature from peat_jax.analyze, got "
+        f"{type(sig).__name__}; call peat.analyze(test, golden) first")
+  host = host_signature(sig)
+  return {k: np.asarray(getattr(host, k)) for k in fields}
+
+
+def host_signature(sig):
+  """``sig`` with NumPy fields: fetched from the device unless every field
+  is a NumPy value already (a packed fetch, `analyze_split_many`)."""
+  if all(isinstance(v, (np.ndarray, np.generic)) for v in sig):
+    return sig
+  return jax.device_get(sig)
+
+
+def _working_format(s: Mapping[str, np.ndarray], dtype) -> str:
+  if dtype is not None:
+    name = np.dtype(dtype).name
+    table = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16",
+             "float16": "fp16"}
+    if name not in table:
+      raise PeatError(f"dtype must be float32, float64, bfloat16 or float16, "
+                      f"got {name}")
+    return table[name]
+  if "dtype_code" in s:
+    return ("fp32", "bf16", "fp16", "fp64")[int(s["dtype_code"])]
+  nbits = s["bits_xor"].shape[-1]
+  return {32: "fp32", 64: "fp64", 16: "fp16"}[nbits]
+
+
+def _pct(x: float) -> str:
+  return f"{100.0 * x:.3g}%"
+
+
+class _Facts:
+  """Derived numbers shared by the rules."""
+
+  def __init__(self, s: Mapping[str, np.ndarray], work: str,
+               context: Mapping[str, Any] | None = None):
+    self.s = s
+    self.context = dict(context or {})
+    self.work = work
+    self.u = UNIT_ROUNDOFF[work]
+    self.n = int(s["n"])
+    self.ndiff = self.n - int(s["n_bit_equal"])
+    self.share = self.ndiff / max(self.n, 1)
+    self.xor = s["bits_xor"].astype(np.int64)
+    self.nbits = self.xor.shape[0]
+    self.mant = {"fp32": 23, "fp64": 52, "bf16": 7, "fp16": 10}[work]
+    self.bits_per_diff = self.xor.sum() / max(self.ndiff, 1)
+    self.rel_med = float(s["rel_pct"][0])
+    self.rel_max = float(s["rel_max"])
+    self.rel_rms = float(s["rel_rms"])
+    self.has_ref = bool(s["has_reference"])
+    self.noise_ratio = float(s["noise_ratio"]) if self.has_ref else math.nan
+    self.larger = int(s["n_mag_larger"])
+    self.smaller = int(s["n_mag_smaller"])
+
+  def field_of_bit(self, k: int) -> str:
+    if k == self.nbits - 1:
+      return "sign"
+    return "exponent" if k >= self.mant else "mantissa"
+
+
+#: Smallest normal magnitude of each format: values below it are subnormal
+#: there, and a flush-to-zero mode returns 0 for them.
+MIN_NORMAL = {"fp32": 2.0**-126, "bf16": 2.0**-126, "fp16": 2.0**-14,
+              "fp8_e5m2": 2.0**-14, "fp8_e4m3": 2.0**-6}

@@ -1,0 +1,167 @@
+"""The Detector's rounding rules: dense, bounded errors.
+
+Truncation, precision loss, accumulation in a narrow format and reordering,
+told apart by representability, one-sidedness and the error level each
+predicts."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+
+from peat_jax.detector._facts import (
+    Candidate, NARROW_FORMATS, NOISE_FLOOR_MULTIPLIER, REORDERING_ENVELOPE,
+    UNIT_ROUNDOFF, _Facts, _pct)
+
+
+#: Median relative error of a float32 result whose inputs were rounded to a
+#: format with unit roundoff u: about 0.6 u (half the inputs' rounding error
+#: survives a dot product of random-signed terms; measured 0.5-1.5 u on
+#: matmul, layer norm and softmax of normal inputs).
+INPUT_ROUNDING_LEVEL = 0.6
+#: Median relative error of a K-term reduction whose running sum is rounded
+#: to u at every add: about 0.3 sqrt(K) u (random-walk growth of K
+#: roundings, measured 0.25-0.42 sqrt(K) u on matmul, softmax, layer norm).
+ACCUMULATION_LEVEL = 0.3
+#: A level hypothesis is accepted within this many octaves of the observed.
+LEVEL_OCTAVES = 1.5
+_GEMM_KERNELS = ("matmul", "dot_general", "conv", "conv2d",
+                 "conv_general_dilated", "attention")
+_NORMALIZING_KERNELS = ("softmax", "layer_norm", "log_softmax",
+                        "cross_entropy")
+
+
+def _level_hypotheses(context: Mapping[str, Any]) -> list[tuple[str, float]]:
+  """(model, predicted median relative error) for dense precision loss."""
+  kernel = str(context.get("kernel", ""))
+  # tf32 and fp16 share u = 2**-11; GEMM ports round to tf32 (tensor-core
+  # input format), others to fp16. Listed first wins a tie.
+  fmts = (("bf16", "tf32", "fp16", "fp8_e4m3", "fp8_e5m2")
+          if kernel.split(":")[0] in _GEMM_KERNELS else
+          ("bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2"))
+  hyps = [(f"precision:{k}", INPUT_ROUNDING_LEVEL * UNIT_ROUNDOFF[k])
+          for k in fmts]
+  reduction = context.get("reduction")
+  # A GEMM's accumulator is its output: a narrow accumulator leaves narrow
+  # outputs, which the representability rule names. Only a normalizing
+  # kernel (softmax, layer norm) divides by a narrow sum and returns wide
+  # outputs; such ports keep the sum in bf16 (an fp16 sum of D exp terms
+  # or squares overflows at 65504), so bf16 is the one hypothesis.
+  if reduction and kernel.split(":")[0] in _NORMALIZING_KERNELS:
+    hyps.append(("accumulation:bf16", ACCUMULATION_LEVEL *
+                 math.sqrt(float(reduction)) * UNIT_ROUNDOFF["bf16"]))
+  return hyps
+
+
+def _rule_rounding(f: _Facts) -> list[Candidate]:
+  """Dense, bounded errors: truncation, precision, accumulation, reordering."""
+  s = f.s
+  out = []
+  if not f.ndiff:
+    return out
+  repr_t = {k: float(v) for k, v in zip(NARROW_FORMATS, s["repr_test"])}
+  repr_g = {k: float(v) for k, v in zip(NARROW_FORMATS, s["repr_golden"])}
+  # Formats the test output is confined to (and golden is not).
+  narrow = [k for k in NARROW_FORMATS
+            if repr_t[k] >= 0.99 and repr_g[k] <= repr_t[k] - 0.2]
+  narrowest = narrow[-1] if narrow else None
+  if narrow:
+    # The coarsest format the output fits (fp8 before fp16 before bf16).
+    narrowest = max(narrow, key=lambda k: UNIT_ROUNDOFF[k])
+
+  # Truncation against the float64 reference: the KUT never lands above
+  # the exact magnitude while the golden kernel (round to nearest) does as
+  # often as below. Needs the reference: against golden, the KUT's
+  # truncation of an exact result looks like noise of either sign.
+  if f.has_ref and f.ndiff >= 16:
+    t_up, t_dn = float(s["ref_test_grown"]), float(s["ref_test_shrunk"])
+    g_up, g_dn = float(s["ref_golden_grown"]), float(s["ref_golden_shrunk"])
+    if t_up <= 0.01 * (t_up + t_dn) and t_dn >= 0.2 and g_up >= 0.25 * (
+        g_up + g_dn):
+      fmt = narrowest or f.work
+      out.append(Candidate(
+          "truncation", 0.93,
+          f"against the float64 reference {_pct(t_dn)} of outputs are "
+          f"smaller in magnitude and {_pct(t_up)} larger (golden: "
+          f"{_pct(g_dn)} / {_pct(g_up)}): results rounded toward zero",
+          {"format": fmt, "against": "reference"}))
+      return out
+  # Truncation: every changed magnitude went down, over many elements.
+  if f.ndiff >= 16 and f.larger <= 0.01 * f.ndiff and f.smaller > 0:
+    fmt = narrowest or f.work
+    bound = 2 * UNIT_ROUNDOFF.get(fmt, f.u)
+    conf = 0.95 if f.rel_max <= bound * 1.01 else 0.7
+    out.append(Candidate(
+        "truncation", conf,
+        f"{f.smaller} of {f.ndiff} differing elements shrank in magnitude "
+        f"and {f.larger} grew; max relative "
+        f"error {f.rel_max:.3g} vs 2u({fmt}) = {bound:.3g}: round toward "
+        "zero", {"format": fmt}))
+
+  if narrowest is not None:
+    u = UNIT_ROUNDOFF[narrowest]
+    # One rounding to nearest into fmt leaves every relative error <= u and
+    # a median near 3u/8 (a uniform position within the last place, over a
+    # log-uniform spread of significands); a running sum rounded at every
+    # add leaves more. A median above 3u/4 is therefore more than one
+    # rounding. (The median, not the max, is compared: values below the
+    # format's normal range round more coarsely.)
+    is_acc = f.rel_med > 0.75 * u
+    if not is_acc:
+      out.append(Candidate(
+          f"precision:{narrowest}", 0.95,
+          f"{_pct(repr_t[narrowest])} of outputs are exact {narrowest} "
+          f"values (golden {_pct(repr_g[narrowest])}) and the median relative "
+          f"error {f.rel_med:.3g} is within one rounding (<= 3u/4 = "
+          f"{0.75 * u:.3g}): "
+          f"outputs rounded to {narrowest}",
+          {"format": narrowest, "where": "output"}))
+    else:
+      out.append(Candidate(
+          f"accumulation:{narrowest}", 0.85,
+          f"{_pct(repr_t[narrowest])} of outputs are exact {narrowest} "
+          f"values but the median relative error {f.rel_med:.3g} exceeds "
+          f"one rounding (3u/4 = {0.75 * u:.3g}): partial sums were "
+          f"kept in {narrowest}", {"format": narrowest}))
+    return out
+
+  # Outputs at working precision: the error level tells the story.
+  level = f.rel_med
+  within_floor = f.has_ref and f.noise_ratio <= NOISE_FLOOR_MULTIPLIER * 2
+  # Another order of the same float32 sum stays within a small multiple of
+  # the golden kernel's own error; far beyond it (a few huge errors under a
+  # small median) is no reordering, whatever the median says.
+  far_beyond = f.has_ref and f.noise_ratio > REORDERING_ENVELOPE
+  if within_floor or (level <= 16 * f.u and not far_beyond):
+    conf = 0.95 if within_floor else 0.8
+    floor = (f"KUT/golden RMS error vs float64 = {f.noise_ratio:.3g}"
+             if f.has_ref else "no float64 reference")
+    out.append(Candidate(
+        "reordering", conf,
+        f"unbiased rounding noise: median relative error {level:.3g} "
+        f"({level / f.u:.3g} u(fp32)), bias {float(s['bias']):+.2f}, "
+        f"{f.larger} up / {f.smaller} down; {floor}",
+        {"level_u": level / f.u}))
+    return out
+  best, dist = None, math.inf
+  for model, predicted in _level_hypotheses(f.context):
+    d = abs(math.log2(max(level, 1e-300)) - math.log2(predicted))
+    if d < dist:
+      best, dist, pred = model, d, predicted
+  if best is not None and dist <= LEVEL_OCTAVES:
+    fmt = best.split(":")[1]
+    if best.startswith("accumulation"):
+      why = (f"0.3 sqrt(K) u({fmt}) = {pred:.3g} for a K = "
+             f"{int(f.context['reduction'])} reduction whose running sum is "
+             f"kept in {fmt}")
+    else:
+      why = (f"0.6 u({fmt}) = {pred:.3g} for inputs or intermediates rounded "
+             f"to {fmt}")
+    out.append(Candidate(
+        best, 0.85 - 0.1 * dist,
+        f"outputs are at working precision with median relative error "
+        f"{level:.3g}, {dist:.2g} octaves from {why}",
+        {"format": fmt, "where": "inputs" if best.startswith("precision")
+         else "accumulator"}))
+  return out

@@ -1,0 +1,300 @@
+"""The unit of playback FI: one checkpoint's two steps and its records.
+
+A :class:`Player` compiles one jitted function that runs the step twice on
+the same state and batch (golden kernel everywhere with the KUT tapped at
+every selected site, and the KUT substituted at those sites) and turns one
+restored state into that step's records; a :class:`PlayerGroup` does it for
+several KUTs in one call."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from peat_jax import sites as _sites
+from peat_jax import sites as _sites_subst
+from peat_jax.core import PeatError
+from peat_jax.profiler._train_state import TrainTask
+from peat_jax.kernels import kut as _kut
+from peat_jax.profiler._site_records import (
+    DeviceReferences, _SharedReferences, site_records)
+
+
+class SiteCall(NamedTuple):
+  """One selected site of a playback, with what its reference needs."""
+
+  site: _sites.Site
+  sub: _sites_subst.Substitution
+
+
+def _update_sums(params, gparams, kparams) -> tuple[jax.Array, jax.Array]:
+  """``(||dk - dg||^2, ||dg||^2)`` in float64 over parameter pytrees.
+
+  ``dg = gparams - params`` (golden update), ``dk = kparams - params`` (the
+  KUT step's update), every difference taken in float64. Trace it with x64
+  enabled (:data:`_UPDATE_SUMS`): the sums stay on the device and only two
+  scalars come back.
+  """
+  num = jnp.zeros((), jnp.float64)
+  den = jnp.zeros((), jnp.float64)
+  for p, g, k in zip(jax.tree.leaves(params), jax.tree.leaves(gparams),
+                     jax.tree.leaves(kparams)):
+    p = p.astype(jnp.float64)
+    dg = g.astype(jnp.float64) - p
+    dk = k.astype(jnp.float64) - p
+    num = num + jnp.sum(jnp.square(dk - dg))
+    den = den + jnp.sum(jnp.square(dg))
+  return num, den
+
+
+_UPDATE_SUMS = jax.jit(_update_sums)
+
+
+def update_rel_diff(params, gparams, kparams) -> float:
+  """``||dk - dg|| / ||dg||``: how far the KUT step's update is from golden.
+
+  Computed on the device in float64 (x64 scoped to this call, so the
+  caller's config is untouched); 0 when both updates are zero, ``inf`` when
+  only the golden update is.
+
+  Args:
+    params: parameters before the step.
+    gparams: parameters after the golden step.
+    kparams: parameters after the step with the KUT.
+
+  Returns:
+    The relative difference of the two updates.
+  """
+  with jax.enable_x64(True):
+    num, den = jax.device_get(_UPDATE_SUMS(params, gparams, kparams))
+  num, den = float(num), float(den)
+  if den == 0.0:
+    return 0.0 if num == 0.0 else math.inf
+  return math.sqrt(num / den)
+
+
+def select_calls(task: TrainTask, state, batch, kut_spec: str,
+            select: str | Sequence[str] | None) -> tuple[list, list]:
+  subs = _kut.resolve_kut(kut_spec)
+  table = _sites.discover_sites(task.step_fn, state, batch)
+  chosen = []
+  for sub in subs:
+    kw = dict(kernel=sub.kernel, phase=sub.phase, pattern=sub.pattern)
+    if isinstance(select, str):
+      if kw["pattern"] is not None:
+        raise PeatError("select= and the spec's pattern both set")
+      kw["pattern"] = select
+    elif select is not None:
+      kw["names"] = tuple(select)
+    chosen += [SiteCall(s, sub) for s in _sites.select_sites(table, **kw)]
+  order = {s.name: i for i, s in enumerate(table)}
+  chosen.sort(key=lambda c: order[c.site.name])
+  if not chosen:
+    raise PeatError(f"KUT {kut_spec!r} selects no site of task {task.name!r}"
+                    f" (select={select!r}); expected at least one")
+  return chosen, table
+
+
+class Player:
+  """Plays back one checkpoint at a time: the unit of playback FI.
+
+  Built once per (task, KUT, selection) from a sample state and batch; it
+  compiles one jitted function that runs the step twice on the same state
+  and batch (golden kernel everywhere with the KUT tapped at every selected
+  site, and the KUT substituted at those sites) and returns only what the
+  records need: the taps, both steps' metrics and new parameters. It turns
+  one restored state into the records of its step. Campaign drivers
+  (sequential :func:`playback`, process isolation, sharding over devices or
+  hosts) call :meth:`play` on states they restore.
+
+  Attributes:
+    kut_spec: the KUT spec.
+    calls: the selected sites (:class:`SiteCall`), execution order.
+    site_names: their names, execution order.
+  """
+
+  def __init__(self, task: TrainTask, kut_spec: str, state, batch, *,
+               select: str | Sequence[str] | None = None):
+    """Selects the sites and builds (does not yet compile) the steps.
+
+    Args:
+      task: the golden run's task.
+      kut_spec: a spec of :func:`peat_jax.kernels.kut.resolve_kut`.
+      state: a state of the task (shapes only matter).
+      batch: a batch of the task.
+      select: narrow the spec's sites: an ``fnmatch`` pattern or names.
+
+    Raises:
+      PeatError: unknown spec, no selected site.
+    """
+    self.task = task
+    self.kut_spec = kut_spec
+    self.calls, _ = select_calls(task, state, batch, kut_spec, select)
+    self.site_names = [c.site.name for c in self.calls]
+    self._store: dict = {}
+    subs = [_sites_subst.Substitution(
+        _kut.recording(c.sub.kut, c.site.name, c.site.kernel,
+                       c.site.composite, self._store), sites=(c.site.name,))
+            for c in self.calls]
+    tapped = _sites_subst.tap(task.step_fn, *subs)
+    eff = [_sites_subst.Substitution(
+        self.calls[0].sub.kut, sites=tuple(self.site_names),
+        backward=self.calls[0].sub.backward)]
+    kstep = _sites_subst.substitute(task.step_fn, *eff)
+
+    def both(state, batch):
+      (gstate, gm), taps = tapped(state, batch)
+      kstate, km = kstep(state, batch)
+      return taps, gstate.params, gm, kstate.params, km
+
+    self.both = both  # pure; PlayerGroup jits several together
+    self._steps = jax.jit(both)
+    self._compiled = None
+    self._device_refs = None  # per call; built once the store is filled
+
+  def _refs(self) -> "DeviceReferences":
+    """The calls' device references (after the steps were traced)."""
+    if self._device_refs is None:
+      self._device_refs = DeviceReferences(
+          [(c.site, self._store[c.site.name]) for c in self.calls])
+    return self._device_refs
+
+  def compile(self, state) -> None:
+    """Compiles everything :meth:`play` runs, without running the KUT.
+
+    The two steps are compiled ahead of time (not run); the float64
+    references and the signatures of every site run once on seeded random
+    arrays of the taps' shapes and dtypes, which compiles them. After this,
+    :meth:`play` of any state of this task runs compiled code only, so a
+    worker's time limit can tell a hanging KUT from a slow compilation.
+
+    Args:
+      state: a state of the task (shapes only matter).
+    """
+    batch = self.task.batch_at(int(state.data_position))
+    self._compiled = self._steps.lower(state, batch).compile()
+    taps = jax.eval_shape(self._steps, state, batch)[0]
+    rng = np.random.default_rng(0)
+
+    def fake(a):
+      if jnp.issubdtype(a.dtype, jnp.floating):
+        return rng.standard_normal(a.shape).astype(a.dtype)
+      return np.zeros(a.shape, a.dtype)
+    site_records([(c.site, self._store[c.site.name],
+                   jax.tree.map(fake, taps[c.site.name]))
+                  for c in self.calls], self.kut_spec, 0, self._refs())
+    update_rel_diff(state.params, state.params, state.params)
+
+  def play(self, step: int, state) -> list[dict]:
+    """Records of one checkpoint: site records, then one effect record.
+
+    Args:
+      step: the checkpoint's step (stored in the records).
+      state: the restored golden state at that step.
+
+    Returns:
+      ``[site records in execution order..., effect record]``.
+    """
+    batch = self.task.batch_at(int(state.data_position))
+    steps = self._compiled or self._steps
+    return self.records(step, state, steps(state, batch), self._refs())
+
+  def records(self, step: int, state, out, refs) -> list[dict]:
+    """Records of one checkpoint from the steps' outputs.
+
+    Args:
+      step: the checkpoint's step (stored in the records).
+      state: the restored golden state at that step.
+      out: what the steps returned (``both(state, batch)``).
+      refs: the float64 references to use (:meth:`_refs`, or one shared
+        among the KUTs of a :class:`PlayerGroup`).
+
+    Returns:
+      ``[site records in execution order..., effect record]``.
+    """
+    taps, gparams, gm, kparams, km = out
+    recs = site_records([(c.site, self._store[c.site.name],
+                          taps[c.site.name]) for c in self.calls],
+                        self.kut_spec, int(step), refs)
+    gm, km = jax.device_get((gm, km))
+    lg, lk = float(gm["loss"]), float(km["loss"])
+    gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
+    eff = {
+        "kind": "effect", "kut": self.kut_spec, "step": int(step),
+        "loss_golden": lg, "loss_kut": lk,
+        "grad_rel_diff": (abs(gnk - gng) / gng if gng else
+                          (0.0 if gnk == gng else math.inf)),
+        "update_rel_diff": update_rel_diff(state.params, gparams, kparams)}
+    return recs + [eff]
+
+
+class PlayerGroup:
+  """Plays back several KUTs at one checkpoint with one compiled call.
+
+  One jitted function holds every KUT's two steps (:class:`Player`). The
+  golden step, tapped, is the same computation for every KUT but for the
+  KUT calls on the taps, and XLA merges the common part, so it runs once;
+  the float64 references of a site are computed once for all KUTs
+  (:class:`_SharedReferences`). Each KUT's records are those its own
+  :class:`Player` writes (tests/test_playback.py compares them bitwise).
+
+  Attributes:
+    players: KUT spec -> its :class:`Player`, in the given order.
+  """
+
+  def __init__(self, task: TrainTask, kut_specs: Sequence[str], state,
+               batch, *, select: str | Sequence[str] | None = None):
+    """Selects every KUT's sites and builds (not compiles) the call.
+
+    Args:
+      task: the golden run's task.
+      kut_specs: distinct KUT specs (:func:`peat_jax.resolve_kut`).
+      state: a state of the task (shapes only matter).
+      batch: a batch of the task.
+      select: narrow every spec's sites (as :class:`Player`).
+
+    Raises:
+      PeatError: no spec, a repeated spec, an unknown spec, a spec that
+        selects no site.
+    """
+    self.task = task
+    self.players = {k: Player(task, k, state, batch, select=select)
+                    for k in _check_specs(kut_specs)}
+    fns = [p.both for p in self.players.values()]
+    self._steps = jax.jit(lambda state, batch: [f(state, batch)
+                                                for f in fns])
+
+  def play(self, step: int, state) -> dict[str, list[dict]]:
+    """Every KUT's records of one checkpoint.
+
+    Args:
+      step: the checkpoint's step (stored in the records).
+      state: the restored golden state at that step.
+
+    Returns:
+      KUT spec -> ``[site records in execution order..., effect record]``.
+    """
+    batch = self.task.batch_at(int(state.data_position))
+    outs = self._steps(state, batch)
+    cache: dict = {}
+    return {k: p.records(step, state, out, _SharedReferences(
+        p._refs(), p.site_names, cache))  # pylint: disable=protected-access
+            for (k, p), out in zip(self.players.items(), outs)}
+
+
+def _check_specs(kut_specs) -> list[str]:
+  if isinstance(kut_specs, str):
+    kut_specs = [kut_specs]
+  specs = list(kut_specs)
+  if not specs or not all(isinstance(k, str) for k in specs):
+    raise PeatError(f"kut_specs must be one or more KUT spec strings; got "
+                    f"{kut_specs!r}")
+  twice = sorted({k for k in specs if specs.count(k) > 1})
+  if twice:
+    raise PeatError(f"KUT specs given more than once: {twice}; each KUT is "
+                    "played back once per checkpoint")
+  return specs

@@ -1,0 +1,200 @@
+"""(step, site) records of playback: float64 references, signatures and
+diagnoses of many tapped sites of one step.
+
+The float64 references of primitive sites run in one x64 executable that
+splits them into float32 halves on the device, and all their signatures in
+one more (:class:`DeviceReferences`, ``analyze_split_many``); composite
+sites are referenced on host copies."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from peat_jax import analyzer as _analyzer
+from peat_jax import detector as _detector
+from peat_jax import sites as _sites
+from peat_jax import sites as _sites_subst
+from peat_jax.core import PeatError
+from peat_jax.profiler._records import signature_record
+from peat_jax.kernels import kut as _kut
+
+
+def _reduction(site: _sites.Site, params: dict) -> int:
+  shapes = site.in_shapes
+  if site.kernel == "dot_general":
+    return _kut.dot_general_reduction(shapes, params["dimension_numbers"])
+  if site.kernel == "conv_general_dilated":
+    rhs = shapes[1]
+    out_dim = params["dimension_numbers"].rhs_spec[0]
+    return int(np.prod(rhs) // rhs[out_dim])
+  return int(shapes[0][-1]) if shapes and shapes[0] else 1
+
+
+def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
+  """float64 reference of a site's golden kernel on its tapped inputs.
+
+  Under ``scan`` the taps have a leading iteration axis: the reference is
+  computed per iteration. None when no reference applies.
+  """
+  try:
+    fn = _kut.reference_fn(site.kernel, params)
+    inputs = [np.asarray(x) for x in inputs]
+    if "scan" in site.where and inputs and inputs[0].ndim == len(
+        site.in_shapes[0]) + 1:
+      return np.stack([np.asarray(fn(*[x[i] for x in inputs]))
+                       for i in range(inputs[0].shape[0])])
+    return fn(*inputs)
+  except (PeatError, TypeError, ValueError):
+    return None
+
+
+class DeviceReferences:
+  """float64 references of a Player's primitive sites, on the device.
+
+  One jitted call (traced with x64) computes the references of the sites
+  asked for and splits each into float32 (hi, lo) halves: neither the site
+  inputs nor any float64 array come to the host. Composite sites (no
+  traceable golden kernel) keep the host path (``_site_reference``).
+  """
+
+  def __init__(self, sites: Sequence[tuple[_sites.Site, dict]]):
+    """Args: sites: ``(site, params)`` per site, as in ``site_records``."""
+    self.fns = [_kut.reference_traced(site.kernel, params)
+                for site, params in sites]
+
+    def refs(which, inputs):
+      return [_analyzer.split_on_device(
+          self.fns[i](*[x.astype(jnp.float64) for x in xs]))
+              for i, xs in zip(which, inputs)]
+    self._jit = jax.jit(refs, static_argnums=0)
+
+  def usable(self, i: int, site: _sites.Site, tp: _sites_subst.Tap) -> bool:
+    """Site ``i``'s tap is one plain call (not scan-stacked, one output)."""
+    return (self.fns[i] is not None and not isinstance(tp.golden, tuple)
+            and len(tp.inputs) == len(site.in_shapes) and all(
+                np.shape(x) == tuple(s)
+                for x, s in zip(tp.inputs, site.in_shapes)))
+
+  def __call__(self, which: tuple[int, ...], inputs: list) -> list:
+    """``[(hi, lo)]`` of the sites ``which`` from their input tuples."""
+    with jax.enable_x64(True):
+      return self._jit(which, inputs)
+
+
+def _device_signatures(sites, refs: DeviceReferences) -> dict[int, Any]:
+  """Signatures of the sites ``refs`` can serve: two dispatches in all."""
+  which = tuple(i for i, (site, _, tp) in enumerate(sites)
+                if refs.usable(i, site, tp))
+  if not which:
+    return {}
+  hilo = refs(which, [tuple(sites[i][2].inputs) for i in which])
+  ok = [(i, hl) for i, hl in zip(which, hilo)
+        if np.shape(hl[0]) == np.shape(sites[i][2].golden)]
+  sigs = _analyzer.analyze_split_many(
+      [sites[i][2].kut for i, _ in ok], [sites[i][2].golden for i, _ in ok],
+      [hl[0] for _, hl in ok], [hl[1] for _, hl in ok], to_host=True)
+  return {i: sig for (i, _), sig in zip(ok, sigs)}
+
+
+def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap):
+  """Dispatches one site's signature (not waited for) and its context."""
+  ref = _site_reference(site, params, tp.inputs)
+  test, gold = tp.kut, tp.golden
+  if isinstance(gold, tuple):
+    test, gold = test[0], gold[0]
+    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
+  if ref is not None and np.shape(ref) != np.shape(gold):
+    ref = None
+  return _analyzer.analyze(test, gold, ref), _reduction(site, params)
+
+
+def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
+                 kut_spec: str, step: int,
+                 device_refs: DeviceReferences | None = None
+                 ) -> list[dict]:
+  """(step, site) records of many sites of one step.
+
+  Every signature is dispatched before any is read, then all come to the
+  host in one transfer; the Detector runs on host copies.
+
+  Args:
+    sites: ``(site, params, tap)`` triples: the tapped site, its call
+      parameters as recorded by ``kut.recording``, and its tap (inputs,
+      golden and KUT outputs of one step).
+    kut_spec: the KUT's spec, stored with the records.
+    step: the step the taps come from.
+    device_refs: the sites' :class:`DeviceReferences` (None: every float64
+      reference is computed on host copies); same records either way.
+
+  Returns:
+    One msgpack-ready dict (``kind == "site"``) per site, in order.
+  """
+  done = _device_signatures(sites, device_refs) if device_refs else {}
+  pending = [(site, done[i], _reduction(site, params)) if i in done
+             else (site, *_signature(site, params, tp))
+             for i, (site, params, tp) in enumerate(sites)]
+  # Signatures of `done` are on the host already (packed transfer).
+  fetched = iter(jax.device_get([sig for i, (_, sig, _) in enumerate(pending)
+                                 if i not in done]))
+  host = [sig if i in done else next(fetched)
+          for i, (_, sig, _) in enumerate(pending)]
+  out = []
+  for (site, _, red), sig in zip(pending, host):
+    diag = _detector.detect(sig, context={"kernel": site.kernel,
+                                          "reduction": red})
+    out.append({
+        "kind": "site", "kut": kut_spec, "step": step, "site": site.name,
+        "kernel": site.kernel, "phase": site.phase, "reduction": red,
+        "signature": signature_record(sig),
+        "diagnosis": {"model": diag.model,
+                      "confidence": float(diag.confidence),
+                      "evidence": diag.evidence, "verdict": diag.verdict}})
+  return out
+
+
+def site_record(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
+                kut_spec: str, step: int) -> dict:
+  """One (step, site) record: signature vs golden and float64, diagnosis.
+
+  Args:
+    site: the tapped site.
+    params: its call parameters, as recorded by ``kut.recording``.
+    tp: the site's tap (inputs, golden and KUT outputs of one step).
+    kut_spec: the KUT's spec, stored with the record.
+    step: the step the tap comes from.
+
+  Returns:
+    A msgpack-ready dict (``kind == "site"``); see :func:`site_records`
+    for many sites of one step.
+  """
+  return site_records([(site, params, tp)], kut_spec, step)[0]
+
+
+class _SharedReferences:
+  """A Player's device references, shared with the other KUTs of a group.
+
+  A site's float64 reference depends only on its golden inputs, which are
+  the same for every KUT played back from the same state: the first KUT
+  to ask for a site computes its ``(hi, lo)``, the others reuse it. The
+  cache lives for one checkpoint.
+  """
+
+  def __init__(self, inner: DeviceReferences, names: Sequence[str],
+               cache: dict):
+    self._inner, self._names, self._cache = inner, list(names), cache
+
+  def usable(self, i: int, site: _sites.Site, tp: _sites_subst.Tap) -> bool:
+    return self._inner.usable(i, site, tp)
+
+  def __call__(self, which: tuple[int, ...], inputs: list) -> list:
+    missing = tuple(i for i in which if self._names[i] not in self._cache)
+    if missing:
+      given = dict(zip(which, inputs))
+      got = self._inner(missing, [given[i] for i in missing])
+      self._cache.update(
+          (self._names[i], hl) for i, hl in zip(missing, got))
+    return [self._cache[self._names[i]] for i in which]

@@ -1,0 +1,208 @@
+"""The report's data schema: validation and conversion to strict JSON.
+
+The schema itself is documented in :mod:`peat_jax.report._html` and
+docs/report.md."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import numbers
+import os
+import pathlib
+from typing import Any, Mapping, NamedTuple, Sequence
+
+from peat_jax.core import PeatError
+
+#: Verdicts, worst first.
+VERDICTS = ("fail", "warn", "pass")
+DIRECTIONS = ("fwd", "bwd")
+HTML_NAME = "report.html"
+JSON_NAME = "report.json"
+_ORDER = {v: i for i, v in enumerate(VERDICTS)}
+
+
+class ReportPaths(NamedTuple):
+  """Where :func:`write_report` wrote the report.
+
+  Attributes:
+    html: the self-contained HTML page.
+    json: the same data as JSON.
+  """
+
+  html: pathlib.Path
+  json: pathlib.Path
+
+
+# ---------------------------------------------------------------- plain data
+
+
+def _plain(obj: Any, where: str, json_safe: bool) -> Any:
+  """Converts numpy / JAX values to Python ones, recursively.
+
+  With ``json_safe`` NaN becomes ``None`` and +/-Inf ``"Infinity"`` /
+  ``"-Infinity"``.
+  """
+  if obj is None or isinstance(obj, (str, bool)):
+    return obj
+  if isinstance(obj, Mapping):
+    return {str(k): _plain(v, f"{where}.{k}", json_safe)
+            for k, v in obj.items()}
+  if hasattr(obj, "dtype") and hasattr(obj, "tolist"):  # numpy, jax arrays
+    return _plain(obj.tolist(), where, json_safe)
+  if isinstance(obj, (list, tuple)):
+    return [_plain(v, f"{where}[{i}]", json_safe) for i, v in enumerate(obj)]
+  if isinstance(obj, numbers.Integral):
+    return int(obj)
+  if isinstance(obj, (numbers.Real, float)) or hasattr(obj, "__float__"):
+    try:
+      v = float(obj)
+    except (TypeError, ValueError) as e:
+      raise PeatError(f"report data: {where} is {type(obj).__name__}, "
+                      "which is not a number") from e
+    if json_safe and math.isnan(v):
+      return None
+    if json_safe and math.isinf(v):
+      return "Infinity" if v > 0 else "-Infinity"
+    return v
+  if isinstance(obj, (_dt.datetime, _dt.date)):
+    return obj.isoformat()
+  if isinstance(obj, os.PathLike):
+    return os.fspath(obj)
+  raise PeatError(f"report data: {where} is a {type(obj).__name__}; expected "
+                  "a mapping, list, string, number, bool or None")
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _get(m: Mapping, key: str, where: str, kinds: tuple, expected: str,
+         required: bool = True) -> Any:
+  if key not in m or m[key] is None:
+    if required:
+      raise PeatError(f"report data: {where}{key!r} is missing; expected "
+                      f"{expected}")
+    return None
+  v = m[key]
+  if not isinstance(v, kinds) or (isinstance(v, bool) and bool not in kinds):
+    raise PeatError(f"report data: {where}{key!r} is {type(v).__name__} "
+                    f"{str(v)[:60]!r}; expected {expected}")
+  return v
+
+
+_NUM = (int, float)
+_SEQ = (list,)
+
+
+def _same_len(m: Mapping, keys: Sequence[str], ref: str, where: str) -> None:
+  n = len(m[ref])
+  for k in keys:
+    if m.get(k) is not None:
+      _get(m, k, where, _SEQ, "a list")
+      if len(m[k]) != n:
+        raise PeatError(f"report data: {where}{k!r} has {len(m[k])} values "
+                        f"but {where}{ref!r} has {n}; expected equal lengths")
+
+
+def _check_verdict(v: Any, where: str) -> None:
+  if v not in VERDICTS:
+    raise PeatError(f"report data: {where} is {v!r}; expected one of "
+                    f"{', '.join(VERDICTS)}")
+
+
+def _validate(d: Mapping) -> None:
+  """Raises PeatError naming the first key that breaks the schema."""
+  if not isinstance(d, Mapping):
+    raise PeatError(f"report data is {type(d).__name__}; expected a mapping "
+                    "(see docs/report.md)")
+  for k in ("title", "kut", "scenario"):
+    _get(d, k, "", (str,), "a string")
+  for k in ("peat_version", "created"):
+    _get(d, k, "", (str,), "a string", required=False)
+  v = _get(d, "verdict", "", (dict,), 'a mapping {"verdict", "summary", '
+           '"deciding"}')
+  _check_verdict(v.get("verdict"), "verdict['verdict']")
+  _get(v, "summary", "verdict.", (str,), "a string")
+  for i, rec in enumerate(_get(v, "deciding", "verdict.", _SEQ,
+                               "a list of [site, step]", False) or []):
+    if not isinstance(rec, list) or len(rec) != 2:
+      raise PeatError(f"report data: verdict.deciding[{i}] is {rec!r}; "
+                      "expected [site, step]")
+  sites = _get(d, "sites", "", _SEQ, "a list of site mappings")
+  for i, s in enumerate(sites):
+    w = f"sites[{i}]."
+    if not isinstance(s, dict):
+      raise PeatError(f"report data: sites[{i}] is {type(s).__name__}; "
+                      "expected a mapping")
+    _get(s, "site", w, (str,), "a string")
+    w = f"sites[{i}] ({s['site']!r})."
+    _get(s, "kernel", w, (str,), "a string", False)
+    if s.get("direction") not in DIRECTIONS:
+      raise PeatError(f"report data: {w}'direction' is "
+                      f"{s.get('direction')!r}; expected 'fwd' or 'bwd'")
+    _get(s, "model", w, (str,), "an error-model name")
+    _check_verdict(s.get("verdict"), f"{w}'verdict'")
+    _get(s, "confidence", w, _NUM, "a number in [0, 1]", False)
+    _get(s, "evidence", w, (str,), "a string", False)
+    if s.get("steps") is not None:
+      _get(s, "steps", w, _SEQ, "a list of steps")
+      _same_len(s, ("noise_ratio", "rel_rms", "share_differ"), "steps", w)
+    h = _get(s, "rel_hist", w, (dict,), '{"edges", "counts"}', False)
+    if h is not None:
+      e = _get(h, "edges", w + "rel_hist.", _SEQ, "a list of bin edges")
+      c = _get(h, "counts", w + "rel_hist.", _SEQ, "a list of counts")
+      if len(e) != len(c) + 1:
+        raise PeatError(f"report data: {w}rel_hist has {len(e)} edges and "
+                        f"{len(c)} counts; expected len(edges) == "
+                        "len(counts) + 1")
+    _get(s, "ulp_hist", w, _SEQ, "a list of counts", False)
+    bits = _get(s, "bits_xor", w, _SEQ, "a list of counts per bit", False)
+    if bits is not None:
+      m = _get(s, "mantissa_bits", w, (int,), "an int (float32: 23)")
+      x = _get(s, "exponent_bits", w, (int,), "an int (float32: 8)")
+      if m + x + 1 != len(bits):
+        raise PeatError(f"report data: {w}bits_xor has {len(bits)} entries; "
+                        f"expected mantissa_bits + exponent_bits + 1 = "
+                        f"{m + x + 1}")
+  loc = _get(d, "localization", "", (dict,), '{"site", "step"} or None',
+             False)
+  if loc is not None:
+    _get(loc, "site", "localization.", (str,), "a string")
+    _get(loc, "step", "localization.", (int,), "an int")
+  pb = _get(d, "playback", "", (dict,), "a mapping or None", False)
+  if pb is not None:
+    for k in ("steps", "loss_golden", "loss_kut"):
+      _get(pb, k, "playback.", _SEQ, "a list")
+    _same_len(pb, ("loss_golden", "loss_kut", "grad_rel_diff",
+                   "update_rel_diff"), "steps", "playback.")
+  runs = _get(d, "runtime", "", _SEQ, "a list of runs or None", False)
+  for i, r in enumerate(runs or []):
+    w = f"runtime[{i}]."
+    if not isinstance(r, dict):
+      raise PeatError(f"report data: runtime[{i}] is {type(r).__name__}; "
+                      "expected a mapping")
+    _get(r, "frequency", w, (str,), "a string, e.g. 'every call'")
+    _get(r, "steps", w, _SEQ, "a list of steps")
+    _get(r, "loss", w, _SEQ, "a list of losses")
+    _same_len(r, ("loss", "golden_loss"), "steps", w)
+    _get(r, "diverged_at", w, (int,), "an int step or None", False)
+    _get(r, "reason", w, (str,), "a string or None", False)
+  for i, c in enumerate(_get(d, "crashes", "", _SEQ,
+                             "a list of findings or None", False) or []):
+    w = f"crashes[{i}]."
+    if not isinstance(c, dict):
+      raise PeatError(f"report data: crashes[{i}] is {type(c).__name__}; "
+                      "expected a mapping")
+    if c.get("kind") not in ("crash", "hang"):
+      raise PeatError(f"report data: {w}'kind' is {c.get('kind')!r}; "
+                      "expected 'crash' or 'hang'")
+    _get(c, "phase", w, (str,), "a string, e.g. 'playback'")
+    _get(c, "message", w, (str,), "a string")
+    _get(c, "step", w, (int,), "an int step or None", False)
+    _get(c, "site", w, (str,), "a site name or None", False)
+  sp = _get(d, "runtime_spread", "", (dict,), "a mapping or None", False)
+  if sp is not None:
+    _get(sp, "steps", "runtime_spread.", _SEQ, "a list of steps")
+    _get(sp, "loss_spread", "runtime_spread.", _SEQ, "a list")
+    _same_len(sp, ("loss_spread",), "steps", "runtime_spread.")
+  _get(d, "settings", "", (dict,), "a mapping {name: value}", False)
