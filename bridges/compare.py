@@ -53,7 +53,7 @@ __all__ = ["Comparison", "Named", "Point", "StepComparison", "TORCH_LAYOUTS",
            "compare_named", "compare_port", "compare_train_step", "jax_side",
            "reference_side", "torch_adamw_step", "torch_side"]
 
-#: default noise-ratio threshold (as ``peat_jax.profiler._campaign.localize``).
+#: default noise-ratio threshold (as ``peat_jax.detector.localize``).
 THRESHOLD = 2.0
 #: default floor of the torch side's relative RMS error vs the reference.
 FLOOR = 1e-6

@@ -1,12 +1,40 @@
-"""A kernel under test's verdict over many (site, step) records."""
+"""Verdicts: their order, one KUT's verdict over many records, localization.
+
+The one home of the verdict order (``pass`` < ``warn`` < ``fail``): the
+report, the campaign drivers and the tools read it from here.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Sequence
-
+import math
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from peat_jax.core import PeatError
 from peat_jax.detector._facts import Diagnosis
+
+#: The verdicts, mildest first.
+VERDICTS = ("pass", "warn", "fail")
+_SEVERITY = {v: i for i, v in enumerate(VERDICTS)}
+#: Noise ratio above which a site counts as leaving the noise floor.
+LOCALIZE_NOISE_RATIO = 2.0
+
+
+def severity(v: str) -> int:
+  """0 for ``pass``, 1 for ``warn``, 2 for ``fail``.
+
+  Raises:
+    PeatError: not a verdict.
+  """
+  try:
+    return _SEVERITY[v]
+  except (KeyError, TypeError):
+    raise PeatError(f"unknown verdict {v!r}; expected one of "
+                    f"{', '.join(VERDICTS)}") from None
+
+
+def worst(verdicts: Iterable[str], default: str = "pass") -> str:
+  """The most severe of ``verdicts`` (``default`` when there is none)."""
+  return max(verdicts, key=severity, default=default)
 
 
 class Verdict(NamedTuple):
@@ -48,15 +76,60 @@ def verdict(diagnoses: Mapping[Any, Diagnosis] | Sequence[Diagnosis]
            else list(enumerate(diagnoses)))
   if not items:
     raise PeatError("verdict() needs at least one diagnosis")
-  order = {"fail": 0, "warn": 1, "pass": 2}
-  items.sort(key=lambda kv: (order[kv[1].verdict], -kv[1].confidence))
-  worst = items[0][1].verdict
-  deciding = tuple(k for k, d in items if d.verdict == worst)
+  items.sort(key=lambda kv: (-severity(kv[1].verdict), -kv[1].confidence))
+  top = items[0][1].verdict
+  deciding = tuple(k for k, d in items if d.verdict == top)
   models: dict[str, int] = {}
   for _, d in items:
     models[d.model] = models.get(d.model, 0) + 1
-  top = ", ".join(f"{m} x{c}" for m, c in sorted(
+  listed = ", ".join(f"{m} x{c}" for m, c in sorted(
       models.items(), key=lambda mc: -mc[1]))
-  summary = (f"{worst}: {len(deciding)} of {len(items)} records decided it "
-             f"(diagnoses: {top})")
-  return Verdict(worst, deciding, models, summary)
+  summary = (f"{top}: {len(deciding)} of {len(items)} records decided it "
+             f"(diagnoses: {listed})")
+  return Verdict(top, deciding, models, summary)
+
+
+def diagnosis_of(record: Mapping[str, Any]) -> Diagnosis:
+  """Rebuilds a Diagnosis (without candidates) from a stored site record.
+
+  Args:
+    record: a site record (``{"diagnosis": {"model", "confidence",
+      "evidence", "verdict"}, ...}``, docs/campaign.md).
+
+  Returns:
+    The :class:`Diagnosis` (``params`` empty, no candidates).
+  """
+  d = record["diagnosis"]
+  return Diagnosis(d["model"], d["confidence"], d["evidence"], {}, (),
+                   d["verdict"])
+
+
+def localize(records: Sequence[Mapping[str, Any]],
+             site_order: Sequence[str]) -> dict | None:
+  """First site (execution order) leaving the noise floor, earliest step.
+
+  A record leaves it when its noise ratio exceeds
+  :data:`LOCALIZE_NOISE_RATIO`, or when it is not exact and its diagnosis
+  fails.
+
+  Args:
+    records: site records (docs/campaign.md).
+    site_order: site names in execution order.
+
+  Returns:
+    ``{"site", "step", "noise_ratio"}``, or None when no record left it.
+  """
+  order = {n: i for i, n in enumerate(site_order)}
+  hits = []
+  for r in records:
+    nr = r["signature"].get("noise_ratio", math.nan)
+    bad = (nr == nr and nr > LOCALIZE_NOISE_RATIO) or (
+        r["diagnosis"]["model"] != "exact"
+        and r["diagnosis"]["verdict"] == "fail")
+    if bad:
+      hits.append((order.get(r["site"], 1 << 30), r["step"], r["site"], nr))
+  if not hits:
+    return None
+  _, step, site, nr = min(hits)
+  return {"site": site, "step": int(step),
+          "noise_ratio": None if nr != nr else float(nr)}

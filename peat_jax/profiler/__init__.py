@@ -6,6 +6,7 @@ a training flow and collects model states. Private modules:
 * ``_train_state``: the training contract (``TrainState``, ``TrainTask``);
 * ``_checkpoint``, ``_checkpoint_local``, ``_golden``: golden training with
   Orbax checkpoints, restores (also one process of a multi-process run);
+* ``_layout``: every file name of a campaign directory;
 * ``_records``: the campaign's append-only, checksummed record files;
 * ``_site_records``, ``_player``, ``_playback``: playback FI (a checkpoint's
   records, the jitted pair of steps, the driver over checkpoints);
@@ -37,7 +38,6 @@ from peat_jax.profiler._capture_io import read_index as read_index
 from peat_jax.profiler._checkpoint import saved_steps as saved_steps
 from peat_jax.profiler._checkpoint_local import reader as local_reader
 from peat_jax.profiler._checkpoint_local import restore_on as restore_on
-from peat_jax.profiler._data_parallel import RUNTIME_DP_FILE as RUNTIME_DP_FILE
 from peat_jax.profiler._data_parallel import data_parallel_runtime as data_parallel_runtime
 from peat_jax.profiler._data_parallel import shard_kut as shard_kut
 from peat_jax.profiler._golden import GoldenResult as GoldenResult
@@ -52,8 +52,24 @@ from peat_jax.profiler._isolate import TIMEOUT_S as TIMEOUT_S
 from peat_jax.profiler._isolate import TaskFactory as TaskFactory
 from peat_jax.profiler._isolated import check_kut as check_kut
 from peat_jax.profiler._isolated import read_findings as read_findings
+from peat_jax.profiler._layout import CAPTURE_DIR as CAPTURE_DIR
+from peat_jax.profiler._layout import CHECKPOINT_DIR as CHECKPOINT_DIR
+from peat_jax.profiler._layout import CRASH_FILE as CRASH_FILE
+from peat_jax.profiler._layout import EVAL_FILE as EVAL_FILE
+from peat_jax.profiler._layout import GOLDEN_DIR as GOLDEN_DIR
+from peat_jax.profiler._layout import LOCK_FILE as LOCK_FILE
+from peat_jax.profiler._layout import LOG_FILE as LOG_FILE
+from peat_jax.profiler._layout import MONITOR_FILE as MONITOR_FILE
+from peat_jax.profiler._layout import OPS_FILE as OPS_FILE
+from peat_jax.profiler._layout import PLAYBACK_FILE as PLAYBACK_FILE
+from peat_jax.profiler._layout import REPORT_HTML as REPORT_HTML
+from peat_jax.profiler._layout import REPORT_JSON as REPORT_JSON
+from peat_jax.profiler._layout import RUNTIME_DP_FILE as RUNTIME_DP_FILE
+from peat_jax.profiler._layout import RUNTIME_FILE as RUNTIME_FILE
+from peat_jax.profiler._layout import RUN_FILE as RUN_FILE
+from peat_jax.profiler._layout import SETTINGS_FILE as SETTINGS_FILE
+from peat_jax.profiler._layout import SHARD_DIR as SHARD_DIR
 from peat_jax.profiler._monitor import Monitor as Monitor
-from peat_jax.profiler._oplevel import OPS_FILE as OPS_FILE
 from peat_jax.profiler._oplevel import OpsResult as OpsResult
 from peat_jax.profiler._oplevel import captures_dir_of as captures_dir_of
 from peat_jax.profiler._oplevel import playback_ops as playback_ops
@@ -62,11 +78,8 @@ from peat_jax.profiler._player import Player as Player
 from peat_jax.profiler._player import PlayerGroup as PlayerGroup
 from peat_jax.profiler._player import select_calls as select_calls
 from peat_jax.profiler._playback import PlaybackResult as PlaybackResult
-from peat_jax.profiler._playback import localize as localize
 from peat_jax.profiler._playback import playback as playback
 from peat_jax.profiler._playback import playback_many as playback_many
-from peat_jax.profiler._records import PLAYBACK_FILE as PLAYBACK_FILE
-from peat_jax.profiler._records import RUNTIME_FILE as RUNTIME_FILE
 from peat_jax.profiler._records import RecordFileError as RecordFileError
 from peat_jax.profiler._records import append_records as append_records
 from peat_jax.profiler._records import read_records as read_records

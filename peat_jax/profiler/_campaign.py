@@ -1,14 +1,7 @@
 """Validation campaigns: playback FI, runtime FI, verdict, localization, report.
 
-A campaign is one directory (docs/campaign.md)::
-
-  <campaign>/campaign.json      settings; another campaign's settings -> error
-  <campaign>/.lock              fcntl lock: one writer at a time
-  <campaign>/golden/            golden run (peat.golden_train)
-  <campaign>/playback.msgpack   one record per (step, site) + one per step
-  <campaign>/runtime.msgpack    one record per frequency + golden/spread
-  <campaign>/crashes.msgpack    crash and hang findings (process isolation)
-  <campaign>/report.html, report.json
+A campaign is one directory; :mod:`peat_jax.profiler._layout` names every
+file in it (docs/campaign.md).
 
 Records hold small numbers only (signature scalars, the ULP and bit-position
 histograms, the diagnosis), never arrays of activations. Both record files
@@ -31,6 +24,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
+from peat_jax.profiler import _layout
 from peat_jax import detector as _detector
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler import _isolate as _isolate
@@ -38,7 +32,6 @@ from peat_jax import report as _report
 from peat_jax.core import PeatError
 # Re-exported: the campaign layers, reachable from one module.
 from peat_jax.profiler._playback import playback
-from peat_jax.profiler._records import diagnosis_of
 from peat_jax.profiler._runtime import parse_frequency
 from peat_jax.profiler._runtime import runtime
 from peat_jax.profiler._isolate import TaskFactory
@@ -46,8 +39,8 @@ from peat_jax.profiler._train_state import TrainTask
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import _isolated
 
-SETTINGS_FILE = "campaign.json"
-LOCK_FILE = ".lock"
+SETTINGS_FILE = _layout.SETTINGS_FILE
+LOCK_FILE = _layout.LOCK_FILE
 #: Version of the campaign directory's layout and record formats, stored in
 #: campaign.json ("format"); a directory of another version is refused.
 #: 2: checksummed record frames, crashes.msgpack.
@@ -129,9 +122,6 @@ def _check_settings(directory: str, settings: dict) -> None:
         "the same command again.") from err
 
 
-_WORST = {"fail": 0, "warn": 1, "pass": 2}
-
-
 def _site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
   out = []
   for name in order:
@@ -139,7 +129,7 @@ def _site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
                 key=lambda r: r["step"])
     if not rs:
       continue
-    top = min(rs, key=lambda r: (_WORST[r["diagnosis"]["verdict"]],
+    top = min(rs, key=lambda r: (-_detector.severity(r["diagnosis"]["verdict"]),
                                  -r["diagnosis"]["confidence"]))
     sig0 = rs[0]["signature"]
     mant = {0: 23, 1: 7, 2: 10, 3: 52}.get(sig0.get("dtype_code", 0), 23)
@@ -356,7 +346,7 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
     t0 = time.perf_counter()
     say(f"[1/4] golden run: {steps} steps, checkpoint every "
         f"{checkpoint_every} -> {directory}/golden")
-    g = _golden.golden_train(task, os.path.join(directory, "golden"),
+    g = _golden.golden_train(task, os.path.join(directory, _layout.GOLDEN_DIR),
                              steps=steps, checkpoint_every=checkpoint_every,
                              seed=seed, resume=True, evaluate=False)
     iso = (f" (isolated: worker processes, {timeout_s:g} s per unit, "
@@ -386,7 +376,7 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
                      steps=runtime_steps, campaign_dir=directory,
                      select=select, progress=say)
     say("[4/4] verdict and report")
-    diags = {(r["site"], r["step"]): diagnosis_of(r) for r in pb.records}
+    diags = {(r["site"], r["step"]): _detector.diagnosis_of(r) for r in pb.records}
     findings = _isolated.read_findings(directory, kut_spec)
     verdict = _verdict_data(diags, findings)
     data = {

@@ -17,12 +17,13 @@ import json
 import os
 from typing import Any, NamedTuple, Sequence
 
+from peat_jax.profiler import _layout
+from peat_jax import detector as _detector
 from peat_jax.profiler import _campaign as _campaign
 from peat_jax import report as _report
 from peat_jax.core import PeatError
 from peat_jax.profiler._oplevel import OPS_FILE
 from peat_jax.profiler import _records
-from peat_jax.profiler import _playback
 from peat_jax.profiler import _isolated
 
 SOURCES = ("auto", "playback", "ops")
@@ -59,7 +60,7 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
   if not records and not findings:
     raise PeatError(f"no site record of KUT {kut!r}: nothing to report; run "
                     "playback (or op-level playback) first")
-  diags = {(r["site"], r["step"]): _campaign.diagnosis_of(r) for r in records}
+  diags = {(r["site"], r["step"]): _detector.diagnosis_of(r) for r in records}
   verdict = _campaign._verdict_data(diags, list(findings))  # pylint: disable=W0212
   effects = sorted(effects, key=lambda e: e["step"])
   entries = _campaign._site_entries(records, sites)  # pylint: disable=W0212
@@ -71,7 +72,7 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
       "verdict": verdict,
       "crashes": list(findings),
       "sites": entries,
-      "localization": _playback.localize(records, sites),
+      "localization": _detector.localize(records, sites),
       "playback": {
           "steps": [e["step"] for e in effects],
           "loss_golden": [e["loss_golden"] for e in effects],
@@ -152,7 +153,7 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
   if source not in SOURCES:
     raise PeatError(f"source must be one of {SOURCES}; got {source!r}")
   settings = _read_json(os.path.join(d, _campaign.SETTINGS_FILE))
-  run = _read_json(os.path.join(d, "golden", "run.json"))
+  run = _read_json(os.path.join(d, _layout.GOLDEN_DIR, _layout.RUN_FILE))
   pb = _records.read_records(os.path.join(d, _records.PLAYBACK_FILE))
   ops = _records.read_records(os.path.join(d, OPS_FILE))
   if source == "auto":

@@ -35,6 +35,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from peat_jax.profiler import _layout
 from peat_jax.profiler import _campaign as _campaign
 from peat_jax.profiler import _capture_io as io
 from peat_jax.profiler import _golden as _golden
@@ -43,7 +44,7 @@ from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainTask
 
-CAPTURE_DIR = "captures"
+CAPTURE_DIR = _layout.CAPTURE_DIR
 
 
 class Candidate(NamedTuple):
@@ -267,7 +268,7 @@ def profile(task: TrainTask, campaign_dir: str | os.PathLike, *,
                     "budget_bytes (e.g. 64 << 20 for 64 MiB)")
   with _campaign.campaign_lock(directory):
     if not capturing:
-      g = _golden.golden_train(task, os.path.join(directory, "golden"),
+      g = _golden.golden_train(task, os.path.join(directory, _layout.GOLDEN_DIR),
                                steps=steps, checkpoint_every=every,
                                seed=seed, evaluate=False, progress=say)
       return ProfileResult(directory, g, None, [], [], 0, budget_bytes)
@@ -296,7 +297,7 @@ def profile(task: TrainTask, campaign_dir: str | os.PathLike, *,
         f"{pl.planned_bytes} of {pl.budget_bytes} bytes; "
         f"{len(pl.skipped)} skipped for the budget")
 
-    g = _golden.golden_train(task, os.path.join(directory, "golden"),
+    g = _golden.golden_train(task, os.path.join(directory, _layout.GOLDEN_DIR),
                              steps=steps, checkpoint_every=every, seed=seed,
                              evaluate=False, progress=say)
     _capture(task, g, pl, cap_steps, params, tapped_fn, captures_dir, index,

@@ -38,10 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from peat_jax.profiler import _layout
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 
-INDEX_FILE = "index.json"
+INDEX_FILE = _layout.CAPTURE_INDEX_FILE
 FORMAT_VERSION = 1
 #: bytes of one array's .npy header and zip entries, at most (upper bound).
 _ARRAY_OVERHEAD = 320

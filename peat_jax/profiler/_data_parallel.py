@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from peat_jax.profiler import _layout
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler import _runtime as _runtime
 from peat_jax import sites as _sites
@@ -32,7 +33,7 @@ from peat_jax.profiler._train_state import TrainTask
 from peat_jax.kernels import kut as _kut
 
 #: Record file of data-parallel runtime FI (kept apart from runtime.msgpack).
-RUNTIME_DP_FILE = "runtime_data_parallel.msgpack"
+RUNTIME_DP_FILE = _layout.RUNTIME_DP_FILE
 #: Mesh axis name of data-parallel runtime FI.
 DATA_AXIS = "data"
 #: Composite kinds whose KUT works row by row over the leading axis (softmax

@@ -23,6 +23,7 @@ import jax
 import msgpack
 import numpy as np
 
+from peat_jax.profiler import _layout
 from peat_jax.profiler import _checkpoint as _checkpoint
 from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainState, TrainTask
@@ -136,7 +137,7 @@ def read_log(path: str | os.PathLike) -> dict[str, np.ndarray]:
   """
   path = os.fspath(path)
   if os.path.isdir(path):
-    path = os.path.join(path, "log.msgpack")
+    path = os.path.join(path, _layout.LOG_FILE)
   if not os.path.exists(path):
     raise PeatError(f"no golden log at {path}; run golden training first")
   records = _read_records(path)
@@ -228,7 +229,7 @@ class StateReader:
 
 def _checkpoint_dir_of(path: str | os.PathLike) -> str:
   path = os.path.abspath(os.fspath(path))
-  sub = os.path.join(path, "checkpoints")
+  sub = os.path.join(path, _layout.CHECKPOINT_DIR)
   return sub if os.path.isdir(sub) else path
 
 
@@ -273,9 +274,9 @@ def golden_train(task: TrainTask, workdir: str | os.PathLike, *,
                     f"steps={steps}, checkpoint_every={every}")
   say = progress or (lambda _: None)
   workdir = os.path.abspath(os.fspath(workdir))
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  log_path = os.path.join(workdir, "log.msgpack")
-  run_path = os.path.join(workdir, "run.json")
+  ckpt_dir = os.path.join(workdir, _layout.CHECKPOINT_DIR)
+  log_path = os.path.join(workdir, _layout.LOG_FILE)
+  run_path = os.path.join(workdir, _layout.RUN_FILE)
   os.makedirs(workdir, exist_ok=True)
   record = _run_record(task, seed, steps, every)
 
@@ -339,7 +340,7 @@ def golden_train(task: TrainTask, workdir: str | os.PathLike, *,
   evaluation = {}
   if evaluate:
     evaluation = {k: float(v) for k, v in task.evaluate(state).items()}
-    with open(os.path.join(workdir, "eval.json"), "w") as f:
+    with open(os.path.join(workdir, _layout.EVAL_FILE), "w") as f:
       json.dump(evaluation, f, indent=1)
   return GoldenResult(
       workdir=workdir, checkpoint_dir=ckpt_dir, log_path=log_path,

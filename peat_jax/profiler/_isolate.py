@@ -49,11 +49,12 @@ import tempfile
 import time
 from typing import Any, Iterator, Mapping, NamedTuple
 
+from peat_jax.profiler import _layout
 from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainTask
 
 #: Findings (crash and hang records) of a campaign directory.
-CRASH_FILE = "crashes.msgpack"
+CRASH_FILE = _layout.CRASH_FILE
 #: Default time limit of one checkpoint / frequency, seconds.
 TIMEOUT_S = 600.0
 #: Default extra time of a worker's first unit (import, trace, compile).
@@ -61,7 +62,7 @@ STARTUP_S = 900.0
 #: Default limit of a worker's resident memory, MiB.
 MEMORY_LIMIT_MB = 8192
 _POLL_S = 0.05
-_TMP_DIR = ".isolate"
+_TMP_DIR = _layout.ISOLATE_TMP_DIR
 
 
 class TaskFactory(NamedTuple):

@@ -105,16 +105,6 @@ def play_steps(factory: tuple, ckpt: str, kut_spec: str, select: Any,
       yield ("done", s, player.play(s, state))
 
 
-def _step_line(s: int, recs: list[dict], seconds: float) -> str:
-  sites, eff = recs[:-1], recs[-1]
-  worst = max(sites, key=lambda r: (
-      {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
-  return (f"playback step {s}: {len(sites)} sites, worst "
-          f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) "
-          f"at {worst['site']}; loss {eff['loss_golden']:.6g} -> "
-          f"{eff['loss_kut']:.6g} ({seconds:.2f} s, isolated)")
-
-
 def _attribute(factory: tuple, ckpt: str, kut_spec: str, step: int,
                sites: Sequence[str] | None, death: Death, limits: Limits,
                say: Callable[[str], None]) -> list[dict]:
@@ -211,7 +201,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
           _, s, recs = event
           append_records(path, recs)
           todo.remove(s)
-          say(_step_line(s, recs, time.perf_counter() - t0))
+          say(_playback.step_line(s, recs, time.perf_counter() - t0)[:-1]
+              + ", isolated)")
     if w.death is None:
       if todo:
         raise PeatError(f"the playback worker ended without playing steps "

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from peat_jax.profiler import _layout
 from peat_jax.profiler import _campaign as _campaign
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
@@ -32,7 +33,7 @@ from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import _records
 from peat_jax.profiler import _site_records
 
-MONITOR_FILE = "monitor.msgpack"
+MONITOR_FILE = _layout.MONITOR_FILE
 
 
 class Monitor:
@@ -144,5 +145,5 @@ class Monitor:
     if not recs:
       raise PeatError(f"no record in {self.path} yet: call the monitor for "
                       "at least one step")
-    return _detector.verdict({(r["site"], r["step"]): _campaign.diagnosis_of(r)
+    return _detector.verdict({(r["site"], r["step"]): _detector.diagnosis_of(r)
                               for r in recs})

@@ -37,6 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from peat_jax.profiler import _layout
+from peat_jax import detector as _detector
 from peat_jax.profiler import _capture as _capture
 from peat_jax.profiler import _capture_io as io
 from peat_jax import sites as _sites
@@ -44,9 +46,8 @@ from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import _records
 from peat_jax.profiler import _site_records
-from peat_jax.profiler import _playback
 
-OPS_FILE = "ops.msgpack"
+OPS_FILE = _layout.OPS_FILE
 
 
 class OpsResult(NamedTuple):
@@ -271,4 +272,4 @@ def playback_ops(source: str | os.PathLike, kut_spec: str, *,
           if r.get("kind") == "site" and r.get("kut") == kut_spec
           and (r["step"], r["site"]) in wanted]
   recs.sort(key=lambda r: (r["step"], order.index(r["site"])))
-  return OpsResult(recs, order, _playback.localize(recs, order), path)
+  return OpsResult(recs, order, _detector.localize(recs, order), path)

@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from peat_jax import detector as _detector
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.core import PeatError
@@ -43,8 +44,6 @@ from peat_jax.profiler._train_state import TrainTask
 from peat_jax.profiler._player import PlayerGroup
 from peat_jax.profiler._player import _check_specs
 
-#: noise ratio above which a site counts as leaving the noise floor.
-LOCALIZE_NOISE_RATIO = 2.0
 
 
 class PlaybackResult(NamedTuple):
@@ -66,30 +65,6 @@ class PlaybackResult(NamedTuple):
   sites: list
   localization: dict | None
   seconds_per_step: float
-
-
-def localize(records: Sequence[dict], site_order: Sequence[str]
-             ) -> dict | None:
-  """First site (execution order) leaving the noise floor, earliest step.
-
-  A record leaves it when its noise ratio exceeds
-  :data:`LOCALIZE_NOISE_RATIO`, or when it is not exact and its diagnosis
-  fails.
-  """
-  order = {n: i for i, n in enumerate(site_order)}
-  hits = []
-  for r in records:
-    nr = r["signature"].get("noise_ratio", math.nan)
-    bad = (nr == nr and nr > LOCALIZE_NOISE_RATIO) or (
-        r["diagnosis"]["model"] != "exact"
-        and r["diagnosis"]["verdict"] == "fail")
-    if bad:
-      hits.append((order.get(r["site"], 1 << 30), r["step"], r["site"], nr))
-  if not hits:
-    return None
-  _, step, site, nr = min(hits)
-  return {"site": site, "step": int(step),
-          "noise_ratio": None if nr != nr else float(nr)}
 
 
 def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
@@ -184,7 +159,7 @@ def playback_result(path: str, steps: Sequence[int], kut_spec: str,
   site_recs.sort(key=lambda r: (r["step"], rank[r["site"]]))
   sps = float(np.mean(timings[1:])) if len(timings) > 1 else math.nan
   return PlaybackResult(site_recs, effects, order,
-                        localize(site_recs, order), sps)
+                        _detector.localize(site_recs, order), sps)
 
 
 class _Prefetcher:
@@ -332,7 +307,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
       timings.append(time.perf_counter() - t0)
       for k in specs:
         if s in todo[k]:
-          say(_step_line(s, recs[k], timings[-1], len(specs) > 1))
+          say(step_line(s, recs[k], timings[-1],
+                        kut=k if len(specs) > 1 else None))
   finally:
     loader.close()
   for s in steps:
@@ -346,14 +322,26 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
           for k in specs}
 
 
-def _step_line(step: int, recs: list[dict], seconds: float,
-               named: bool) -> str:
-  """The progress line of one KUT at one checkpoint."""
+def step_line(step: int, recs: Sequence[dict], seconds: float, *,
+              kut: str | None = None, where: str = "") -> str:
+  """The progress line of one KUT at one checkpoint (every playback driver).
+
+  Args:
+    step: the checkpoint's step.
+    recs: that step's records of one KUT: site records, then its effect.
+    seconds: wall time of the checkpoint.
+    kut: named in the line when given (several KUTs played together).
+    where: after the step, e.g. ``" on TFRT_CPU_0"`` (scale-out).
+
+  Returns:
+    ``"playback step <s>[ <kut>]<where>: <n> sites, worst <model>
+    (<verdict>) at <site>; loss <golden> -> <kut> (<seconds> s)"``.
+  """
   sites, eff = recs[:-1], recs[-1]
-  worst = max(sites, key=lambda r: (
-      {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
-  who = f" {eff['kut']}" if named else ""
-  return (f"playback step {step}{who}: {len(sites)} sites, worst "
+  worst = max(sites, key=lambda r: _detector.severity(
+      r["diagnosis"]["verdict"]))
+  who = f" {kut}" if kut else ""
+  return (f"playback step {step}{who}{where}: {len(sites)} sites, worst "
           f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) "
           f"at {worst['site']}; loss {eff['loss_golden']:.6g} -> "
           f"{eff['loss_kut']:.6g} ({seconds:.2f} s)")

@@ -35,11 +35,12 @@ from typing import Any, Sequence
 import msgpack
 import numpy as np
 
+from peat_jax.profiler import _layout
 from peat_jax import detector as _detector
 from peat_jax.core import PeatError
 
-PLAYBACK_FILE = "playback.msgpack"
-RUNTIME_FILE = "runtime.msgpack"
+PLAYBACK_FILE = _layout.PLAYBACK_FILE
+RUNTIME_FILE = _layout.RUNTIME_FILE
 
 #: msgpack ext type of a framed record: data = crc32 (4 bytes) + packb(record).
 EXT_TYPE = 0x50
@@ -314,10 +315,3 @@ def signature_record(sig) -> dict:
   for k in ("ulp_hist", "bits_xor", "rel_pct", "abs_pct"):
     rec[k] = np.asarray(getattr(s, k)).tolist()
   return rec
-
-
-def diagnosis_of(rec: dict) -> _detector.Diagnosis:
-  """Rebuilds a Diagnosis (without candidates) from a stored record."""
-  d = rec["diagnosis"]
-  return _detector.Diagnosis(d["model"], d["confidence"], d["evidence"], {},
-                             (), d["verdict"])

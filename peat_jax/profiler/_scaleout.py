@@ -36,19 +36,20 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from peat_jax.profiler import _layout
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler._checkpoint_local import (
     reader, restore_on, saved_steps_local)
 from peat_jax.core import PeatError
 from peat_jax.profiler._player import Player
 from peat_jax.profiler._playback import (
-    PlaybackResult, plan_steps, playback_result)
+    PlaybackResult, plan_steps, playback_result, step_line)
 from peat_jax.profiler._records import (
     PLAYBACK_FILE, append_records, read_records)
 from peat_jax.profiler._train_state import TrainTask
 
 #: Folder of a campaign directory holding per-process shard record files.
-SHARD_DIR = "playback_shards"
+SHARD_DIR = _layout.SHARD_DIR
 
 _CALLS = itertools.count()  # per-call ids of barriers and keys (lockstep)
 
@@ -252,16 +253,6 @@ def local_devices(devices: int | Sequence[Any] | None = None) -> list:
   return devices
 
 
-def _say_line(step: int, recs: list[dict], device, seconds: float) -> str:
-  sites, eff = recs[:-1], recs[-1]
-  worst = max(sites, key=lambda r: (
-      {"fail": 2, "warn": 1, "pass": 0}[r["diagnosis"]["verdict"]]))
-  return (f"playback step {step} on {device}: {len(sites)} sites, worst "
-          f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) "
-          f"at {worst['site']}; loss {eff['loss_golden']:.6g} -> "
-          f"{eff['loss_kut']:.6g} ({seconds:.2f} s)")
-
-
 class _LocalRun(NamedTuple):
   site_order: list | None
   timings: list
@@ -336,7 +327,7 @@ def _play_local(task: TrainTask, ckpt: str, kut_spec: str, select,
           raise errors[0]
         recs, device, dt = results.pop(written)
       append_records(out_path, recs)
-      say(_say_line(todo[written], recs, device, dt))
+      say(step_line(todo[written], recs, dt, where=f" on {device}"))
       written += 1
   finally:
     with cond:

@@ -11,4 +11,3 @@ from peat_jax.report._html import write_report as write_report
 from peat_jax.report._schema import HTML_NAME as HTML_NAME
 from peat_jax.report._schema import JSON_NAME as JSON_NAME
 from peat_jax.report._schema import ReportPaths as ReportPaths
-from peat_jax.report._schema import VERDICTS as VERDICTS

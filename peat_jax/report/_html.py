@@ -80,8 +80,9 @@ from typing import Any, Mapping, Sequence
 
 from peat_jax.report import _charts as _svg
 from peat_jax.report._charts import esc, fmt
+from peat_jax import detector as _detector
 from peat_jax.report._schema import (
-    HTML_NAME, JSON_NAME, ReportPaths, _NUM, _ORDER, _plain, _validate)
+    HTML_NAME, JSON_NAME, ReportPaths, _NUM, _plain, _validate)
 
 
 # ---------------------------------------------------------------- rendering
@@ -144,7 +145,7 @@ def _sorted_sites(sites: Sequence[Mapping]) -> list[Mapping]:
     return c if isinstance(c, _NUM) and math.isfinite(c) else 0.0
 
   return sorted(sites, key=lambda s: (
-      _ORDER[s["verdict"]], -_worst_ratio(s), -confidence(s), s["site"]))
+      -_detector.severity(s["verdict"]), -_worst_ratio(s), -confidence(s), s["site"]))
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]],

@@ -13,13 +13,12 @@ import pathlib
 from typing import Any, Mapping, NamedTuple, Sequence
 
 from peat_jax.core import PeatError
+from peat_jax.detector import VERDICTS
 
 #: Verdicts, worst first.
-VERDICTS = ("fail", "warn", "pass")
 DIRECTIONS = ("fwd", "bwd")
 HTML_NAME = "report.html"
 JSON_NAME = "report.json"
-_ORDER = {v: i for i, v in enumerate(VERDICTS)}
 
 
 class ReportPaths(NamedTuple):

@@ -106,7 +106,7 @@ def test_faulty_kut_fails_and_localizes(golden_campaign, task, tmp_path):
   kut.register_kut(spec, _missed_write_matmul, kernel="dot_general")
   pb = profiler.playback(task, d / "golden", spec, campaign_dir=tmp_path)
   assert {r["step"] for r in pb.records} == {0, 4}
-  v = peat.verdict({(r["site"], r["step"]): records.diagnosis_of(r)
+  v = peat.verdict({(r["site"], r["step"]): peat.detector.diagnosis_of(r)
                     for r in pb.records})
   assert v.verdict == "fail"
   assert pb.localization["site"] == "fwd/Cnn/Linear/dot_general:0"
