@@ -37,8 +37,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from peat_jax import analyzer
+import peat_jax as peat
 
 
 def _times(fn, repeats: int) -> list[float]:
@@ -77,8 +76,8 @@ def numpy_signature(t: np.ndarray, g: np.ndarray) -> dict:
                 np.sqrt((ad.astype(np.float64)**2).sum() / nfp))
   out["rel"] = (rel.max(), rel.sum(dtype=np.float64) / nfp,
                 np.sqrt((rel.astype(np.float64)**2).sum() / nfp))
-  out["pct"] = np.percentile(ad, analyzer.PERCENTILES), np.percentile(
-      rel, analyzer.PERCENTILES)
+  out["pct"] = np.percentile(ad, peat.analyzer.PERCENTILES), np.percentile(
+      rel, peat.analyzer.PERCENTILES)
   out["bias"] = d.sum(dtype=np.float64) / nfp
   # ULP distance (log2 buckets) and per-bit XOR / up / down counts.
   def ordered(u):
@@ -156,19 +155,18 @@ def main() -> None:
   t_one = _best(lambda: jax.block_until_ready(one(tj, gj)), args.repeats)
   cnt = jax.jit(lambda a, b: jnp.sum(a == b, dtype=jnp.int32))
   t_cnt = _best(lambda: jax.block_until_ready(cnt(tj, gj)), args.repeats)
-  peat_times = _times(lambda: jax.block_until_ready(analyzer.analyze(tj, gj)),
+  peat_times = _times(lambda: jax.block_until_ready(peat.analyze(tj, gj)),
                       args.repeats)
   t_peat = min(peat_times)
   gbs_peat = 2 * nbytes / t_peat
   native = jax.default_backend() == "cpu"
   if native:
-    from peat_jax.kernels import _ffi  # pylint: disable=g-import-not-at-top
-    npass = jax.jit(lambda a, b: _ffi.signature_pass(a, b, None, None))
+    npass = jax.jit(lambda a, b: peat.kernels.signature_pass(a, b, None, None))
     t_pass = _best(lambda: jax.block_until_ready(npass(tj, gj)),
                    args.repeats)
   wide_g = jnp.asarray(g * np.float32(1000.0))
   wide_t = jnp.asarray(t * np.float32(1000.0))
-  t_wide = _best(lambda: jax.block_until_ready(analyzer.analyze(wide_t, wide_g)),
+  t_wide = _best(lambda: jax.block_until_ready(peat.analyze(wide_t, wide_g)),
                  max(1, args.repeats // 4))
   t_numpy = _best(lambda: numpy_signature(t, g), 2)
   gbs_numpy = 2 * nbytes / t_numpy
@@ -200,10 +198,10 @@ def main() -> None:
   ts = (gs * (1 + 1e-6 * rng.standard_normal(gs.shape, dtype=np.float32))
         ).astype(np.float32)
   gsj, tsj = jnp.asarray(gs), jnp.asarray(ts)
-  t_batch = _best(lambda: jax.block_until_ready(analyzer.analyze_batch(tsj, gsj)),
+  t_batch = _best(lambda: jax.block_until_ready(peat.analyze_batch(tsj, gsj)),
                   args.repeats)
   few = min(args.sites, 100)
-  t_loop = _best(lambda: [jax.block_until_ready(analyzer.analyze(tsj[i], gsj[i]))
+  t_loop = _best(lambda: [jax.block_until_ready(peat.analyze(tsj[i], gsj[i]))
                           for i in range(few)], 1) * args.sites / few
   print(f"Batched form: {args.sites} records of {shape} float32")
   print(f"  analyze_batch  : {args.sites / t_batch:10.0f} records/s "
@@ -221,7 +219,7 @@ def main() -> None:
     lo = (gr * 1e-9).astype(np.float32)
     recs.append([jnp.asarray(x) for x in (tr, gr, gr, lo)])
   cols = [list(c) for c in zip(*recs)]
-  t_many = _best(lambda: analyzer.analyze_split_many(*cols, to_host=True),
+  t_many = _best(lambda: peat.analyzer.analyze_split_many(*cols, to_host=True),
                  args.repeats)
   elems = sum(int(np.prod(x)) for x in sizes)
   gbs_many = 16 * elems / t_many

@@ -43,11 +43,6 @@ import jax
 import numpy as np
 
 import peat_jax as peat
-from peat_jax import profiler as _campaign
-from peat_jax import profiler as _golden
-from peat_jax import profiler as _playback
-from peat_jax import profiler as _runtime
-from peat_jax import sites as _sites_subst
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string("scenario", "cnn", "Training scenario.")
@@ -109,9 +104,9 @@ def main(argv):
     row("golden train step (median)", step_s, step_s)
 
     # Playback: one checkpoint's parts, warm.
-    player = _playback.Player(task, kut, state, batch)
-    calls, _ = _playback.select_calls(task, state, batch, kut, None)
-    ksub = _sites_subst.Substitution(
+    player = peat.profiler.Player(task, kut, state, batch)
+    calls, _ = peat.profiler.select_calls(task, state, batch, kut, None)
+    ksub = peat.Substitution(
         calls[0].sub.kut, sites=tuple(c.site.name for c in calls))
     kstep = jax.jit(peat.substitute(task.step_fn, ksub))
     row("step with the KUT substituted (median)",
@@ -120,7 +115,7 @@ def main(argv):
     two = _median(lambda: jax.block_until_ready(
         player._steps(state, batch)), reps)  # pylint: disable=protected-access
     play = _median(lambda: player.play(g.steps[1], state), reps)
-    reader = _golden.StateReader(g.checkpoint_dir, task)
+    reader = peat.profiler.StateReader(g.checkpoint_dir, task)
     restore = _median(lambda: reader.restore(g.steps[1]), reps)
     reader.close()
     restore_once = _median(lambda: peat.restore_state(
@@ -139,7 +134,7 @@ def main(argv):
     per = {}
     for ahead in (0, 1):
       d = os.path.join(tmp, f"pb{ahead}")
-      pb = _campaign.playback(task, g.workdir, kut, campaign_dir=d,
+      pb = peat.playback(task, g.workdir, kut, campaign_dir=d,
                               prefetch=ahead)
       per[ahead] = pb.seconds_per_step
     steps = len(pb.effects)
@@ -149,7 +144,7 @@ def main(argv):
         f"of {steps - 1})", per[1], step_s)
     if _TOGETHER.value:
       specs = [kut] + _TOGETHER.value
-      many = _playback.playback_many(task, g.workdir, specs,
+      many = peat.playback_many(task, g.workdir, specs,
                                      campaign_dir=os.path.join(tmp, "many"))
       each = many[kut].seconds_per_step / len(specs)
       row(f"`playback_many` of {len(specs)} KUTs per checkpoint and KUT "
@@ -159,7 +154,7 @@ def main(argv):
     runs = {"golden step (4 steps)": _steps(task.train_step, state,
                                            task.batch_at, 4)}
     for f in ("every", "every_4", "fraction_0.25"):
-      sched, label = _runtime.parse_frequency(f)
+      sched, label = peat.profiler.parse_frequency(f)
       fstep = jax.jit(peat.substitute(task.step_fn,
                                       ksub._replace(schedule=sched)))
       runs[f"runtime FI, KUT at {label} (4 steps)"] = _steps(
@@ -177,7 +172,7 @@ def main(argv):
       row(k, float(np.median(v)), base4)
 
     # Storage.
-    stored = os.path.getsize(os.path.join(tmp, "pb1", _campaign.PLAYBACK_FILE))
+    stored = os.path.getsize(os.path.join(tmp, "pb1", peat.profiler.PLAYBACK_FILE))
     table = peat.discover_sites(task.step_fn, state, batch)
     all_out = sum(_bytes(s.out_shapes, s.out_dtypes) for s in table)
     sel = [s for s in table if s.name in set(pb.sites)]

@@ -19,8 +19,7 @@ import time
 import jax
 from jax import lax
 import jax.numpy as jnp
-
-from peat_jax import injectors
+import peat_jax as peat
 
 MODELS = (
     ("bitflip", {"count": 1}),
@@ -44,13 +43,13 @@ def _timed(fn, repeat=3):
 
 def bench_tensor(name, params, x, n, stat):
   t0 = time.perf_counter()
-  c = injectors.campaign(name, jax.random.key(0), x, n=n, summarize=stat, **params)
+  c = peat.campaign(name, jax.random.key(0), x, n=n, summarize=stat, **params)
   jax.block_until_ready(c.outputs)
   compile_s = time.perf_counter() - t0
   keys = c.keys
-  t_vmap = _timed(lambda: injectors.campaign(name, jax.random.key(0), x, n=n,
+  t_vmap = _timed(lambda: peat.campaign(name, jax.random.key(0), x, n=n,
                                        summarize=stat, **params).outputs)
-  single = jax.jit(lambda k, x: stat(injectors.inject(name, k, x, **params)))
+  single = jax.jit(lambda k, x: stat(peat.inject(name, k, x, **params)))
   jax.block_until_ready(single(keys[0], x))
   key_list = [keys[i] for i in range(n)]
 
@@ -70,13 +69,13 @@ def bench_kernel(n, m):
   matmul = functools.partial(lax.dot_general,
                              dimension_numbers=(((1,), (0,)), ((), ())))
   stat = lambda y: jnp.max(jnp.abs(y))
-  run = lambda: injectors.kernel_campaign("bitflip", jax.random.key(0), matmul,
+  run = lambda: peat.kernel_campaign("bitflip", jax.random.key(0), matmul,
                                     (a, b), n=n, summarize=stat).outputs
   t0 = time.perf_counter()
   jax.block_until_ready(run())
   compile_s = time.perf_counter() - t0
   t_vmap = _timed(run)
-  kut = injectors.injecting_kernel("bitflip", matmul)
+  kut = peat.injecting_kernel("bitflip", matmul)
   single = jax.jit(lambda k, a, b: stat(kut(a, b, inject_key=k)))
   keys = jax.random.split(jax.random.key(0), n)
   jax.block_until_ready(single(keys[0], a, b))

@@ -98,8 +98,8 @@ def _timed_playback(task, golden, campaign, devices):
   then every device has compiled and played its first checkpoint) per
   second of wall time to the last line.
   """
+  import peat_jax as peat  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  from peat_jax import profiler as _scaleout  # pylint: disable=import-outside-toplevel
   first, stamps = {}, []
   t0 = time.perf_counter()
 
@@ -109,7 +109,7 @@ def _timed_playback(task, golden, campaign, devices):
       stamps.append(time.perf_counter())
       first.setdefault(parts[4].rstrip(":"), float(line.rsplit("(", 1)[1]
                                                     .split()[0]))
-  r = _scaleout.sharded_playback(task, golden, KUT, campaign_dir=campaign,
+  r = peat.sharded_playback(task, golden, KUT, campaign_dir=campaign,
                                  devices=devices, progress=say)
   n = len(devices) if isinstance(devices, list) else (
       devices or len(jax.local_devices()))
@@ -125,9 +125,9 @@ def _role_devices(a):
 
 
 def _role_process(a):
-  from peat_jax import profiler as _scaleout  # pylint: disable=import-outside-toplevel
+  import peat_jax as peat  # pylint: disable=import-outside-toplevel
   if a["n"] > 1:
-    _scaleout.init_distributed(f"127.0.0.1:{a['port']}", a["n"], a["pid"])
+    peat.init_distributed(f"127.0.0.1:{a['port']}", a["n"], a["pid"])
   return _timed_playback(mlp_task(), a["golden"], a["campaign"], None)
 
 
@@ -143,8 +143,6 @@ def _role_model_cost(a):
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   import peat_jax as peat  # pylint: disable=import-outside-toplevel
-  from peat_jax.profiler import _checkpoint_local as _checkpoint_local  # pylint: disable=import-outside-toplevel
-  from peat_jax import profiler as _playback  # pylint: disable=import-outside-toplevel
   from peat_jax import models  # pylint: disable=import-outside-toplevel
   task = models.get_task("cnn")
   golden = os.path.join(a["dir"], "golden")
@@ -154,16 +152,16 @@ def _role_model_cost(a):
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   restore, play = [], []
   t0 = time.perf_counter()
-  state = _checkpoint_local.restore_on(ckpt, task, 0, sharding)
-  player = _playback.Player(task, KUT, state,
+  state = peat.profiler.restore_on(ckpt, task, 0, sharding)
+  player = peat.profiler.Player(task, KUT, state,
                             task.batch_at(int(state.data_position)),
                             select="*Linear*")
   player.play(0, state)
   first = time.perf_counter() - t0
-  reader = _checkpoint_local.reader(ckpt)
+  reader = peat.profiler.local_reader(ckpt)
   for s in range(1, a["n"]):
     t0 = time.perf_counter()
-    state = _checkpoint_local.restore_on(ckpt, task, s, sharding, manager=reader)
+    state = peat.profiler.restore_on(ckpt, task, s, sharding, manager=reader)
     t1 = time.perf_counter()
     player.play(s, state)
     t2 = time.perf_counter()
@@ -185,8 +183,7 @@ def _role_model_cost(a):
 
 
 def _role_merge(a):
-  from peat_jax import profiler as _records  # pylint: disable=import-outside-toplevel
-  from peat_jax import profiler as _scaleout  # pylint: disable=import-outside-toplevel
+  import peat_jax as peat  # pylint: disable=import-outside-toplevel
   d = a["dir"]
   shards = os.path.join(d, "shards")
   os.makedirs(shards)
@@ -202,10 +199,10 @@ def _role_merge(a):
       recs += [dict(rec, step=s, site=f"fwd/x:{i}") for i in range(20)]
       recs.append({"kind": "effect", "kut": KUT, "step": s})
       steps += 1
-    _records.append_records(os.path.join(shards, f"process-{p}.msgpack"),
+    peat.profiler.append_records(os.path.join(shards, f"process-{p}.msgpack"),
                             recs)
   t0 = time.perf_counter()
-  added = _scaleout.merge_shards(os.path.join(d, "playback.msgpack"), shards,
+  added = peat.profiler.merge_shards(os.path.join(d, "playback.msgpack"), shards,
                                  list(range(steps)))
   dt = time.perf_counter() - t0
   assert added == steps

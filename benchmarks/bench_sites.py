@@ -27,10 +27,8 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from peat_jax import sites as _sites
-from peat_jax import sites as S
 from peat_jax import models
+import peat_jax as peat
 
 _SCENARIO = flags.DEFINE_string("scenario", "gpt", "Scenario from peat_jax.models.")
 _OVERRIDES = flags.DEFINE_string(
@@ -84,20 +82,20 @@ def main(argv):
   del argv
   task = models.get_task(_SCENARIO.value, **json.loads(_OVERRIDES.value))
   state, batch = _fresh_state(task), task.batch_at(0)
-  sites = _sites.discover_sites(task.step_fn, state, batch)
+  sites = peat.discover_sites(task.step_fn, state, batch)
   names = sites.names()
   print(f"{task.name}: {len(names)} sites; config {json.dumps(task.config['model_kwargs'])}, "
         f"batch {task.config['batch_size']}; {jax.device_count()} {jax.default_backend()} device")
   variants = [("plain step", jax.jit(task.step_fn)),
               ("substitute golden, all sites",
-               jax.jit(S.substitute(task.step_fn, S.Substitution(
-                   S.GOLDEN, phase=("fwd", "bwd", "upd")))))]
+               jax.jit(peat.substitute(task.step_fn, peat.Substitution(
+                   peat.GOLDEN, phase=("fwd", "bwd", "upd")))))]
   for n in (1, 10, len(names)):
     label = "all" if n == len(names) else str(n)
-    variants.append((f"tap {label} sites (golden as KUT)", jax.jit(S.tap(
-        task.step_fn, S.Substitution(S.GOLDEN, sites=_spread(names, n))))))
-  variants.append(("tap all sites (capture only)", jax.jit(S.tap(
-      task.step_fn, S.Substitution(None, sites=tuple(names))))))
+    variants.append((f"tap {label} sites (golden as KUT)", jax.jit(peat.tap(
+        task.step_fn, peat.Substitution(peat.GOLDEN, sites=_spread(names, n))))))
+  variants.append(("tap all sites (capture only)", jax.jit(peat.tap(
+      task.step_fn, peat.Substitution(None, sites=tuple(names))))))
   compile_s = [_compile(fn, state, batch) for _, fn in variants]
   medians = _time_interleaved([fn for _, fn in variants], state, batch, _REPEAT.value)
   base = medians[0]

@@ -36,7 +36,6 @@ from absl import flags
 from absl import logging
 
 import peat_jax as peat
-from peat_jax import profiler as _campaign
 from peat_jax import models
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/peat_readme_campaigns",
@@ -123,7 +122,7 @@ def main(argv):
       first = goldens.get((scen, steps, every))
       if first and not os.path.exists(os.path.join(d, "golden")):
         shutil.copytree(first, os.path.join(d, "golden"))
-      paths = _campaign.validate(
+      paths = peat.validate(
           task, kut, d, steps=steps, checkpoint_every=every,
           frequencies=FREQUENCIES, runtime_steps=rsteps, scenario=label,
           progress=say)

@@ -44,9 +44,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import peat_jax as peat
-from peat_jax import profiler as _campaign
-from peat_jax import sites as _composite
-from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 
 __all__ = ["Comparison", "Named", "Point", "StepComparison", "TORCH_LAYOUTS",
@@ -132,13 +129,13 @@ def _eqn_at(jaxpr, address: tuple):
   eqn = jaxpr.eqns[address[0]]
   rest = address[1:]
   while rest:
-    sub, _ = _sites.sub_jaxprs(eqn)[rest[0]]
+    sub, _ = peat.sites.sub_jaxprs(eqn)[rest[0]]
     eqn = sub.eqns[rest[1]]
     rest = rest[2:]
   return eqn
 
 
-def _golden_of(closed, site: _sites.Site) -> Callable:
+def _golden_of(closed, site: peat.Site) -> Callable:
   """``f(args, kwargs)`` computing a site's golden kernel (KUT signature)."""
   eqn = _eqn_at(closed.jaxpr, site.address)
   if site.composite:
@@ -172,7 +169,7 @@ def _probe_kut(golden: Callable, probes_in: dict, probe_out):
   return kut
 
 
-def _site_context(site: _sites.Site) -> dict:
+def _site_context(site: peat.Site) -> dict:
   ins = site.in_shapes
   if site.kernel == "dot_general" and len(ins) > 1 and len(ins[1]) == 2:
     red = ins[1][0]
@@ -228,14 +225,14 @@ def jax_side(loss_fn: Callable, params: Any, batch: Any,
     PeatError: a point's site that does not exist (with close matches) or
       a bad port.
   """
-  closed, _ = _sites.trace(loss_fn, params, batch)
-  table = _sites.walk(closed)
+  closed, _ = peat.sites.trace(loss_fn, params, batch)
+  table = peat.sites.walk(closed)
   by = table.by_name()
   missing = [p.jax_site for p in points if p.jax_site not in by]
   if missing:
     raise PeatError(
         f"JAX sites of the name mapping not found: {missing}; close "
-        f"matches: {_sites.close_matches(missing[0], by)}. Fix the mapping "
+        f"matches: {peat.sites.close_matches(missing[0], by)}. Fix the mapping "
         "(peat.discover_sites(loss_fn, params, batch).table() lists them)")
   names = tuple(dict.fromkeys(p.jax_site for p in points))
   tapped = jax.jit(peat.tap(loss_fn, peat.Substitution(None, sites=names)))
@@ -482,7 +479,7 @@ def _row(name: str, what: str, test, gold, ref, context, *, threshold: float,
     diag = peat.detect(sig, context=context)
     row.update(model=diag.model, verdict=diag.verdict,
                confidence=float(diag.confidence), evidence=diag.evidence,
-               signature=_campaign.signature_record(sig))
+               signature=peat.profiler.signature_record(sig))
   if row["bit_equal"]:
     row["diverged"] = False
   elif ref is not None:

@@ -7,7 +7,7 @@ Usage::
 
 Trains each source model for a few golden steps, taps the forward sites of
 matmul (Linear), convolution, softmax, layer norm, attention and GELU on the
-next batch, and runs :func:`peat_jax.detector._calibration.run_calibration` on those
+next batch, and runs :func:`peat_jax.detector.run_calibration` on those
 inputs: tensor injectors, computation injectors and native kernel variants.
 Prints the confusion matrix, per-model accuracy, false alarms and misses.
 """
@@ -26,7 +26,6 @@ from jax import lax
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import detector as _calibration
 from peat_jax import models
 from peat_jax.kernels import native
 from peat_jax.kernels import EXPECTED_ERROR_MODEL
@@ -97,7 +96,7 @@ def _conv_golden(x, w):
 
 
 def build_cases(rows: int = 256, warmup: int = 30,
-                sources=SOURCES) -> list[_calibration.CalibrationCase]:
+                sources=SOURCES) -> list[peat.detector.CalibrationCase]:
   """Calibration cases from site inputs captured in the models' training.
 
   Args:
@@ -108,7 +107,7 @@ def build_cases(rows: int = 256, warmup: int = 30,
   Returns:
     The cases.
   """
-  Case = _calibration.CalibrationCase
+  Case = peat.detector.CalibrationCase
   cases = []
   for name, overrides in sources.items():
     if name == "cnn":
@@ -187,7 +186,7 @@ def main(argv):
   cases = build_cases(_ROWS.value, _WARMUP.value)
   print(f"{len(cases)} captured cases: " + ", ".join(
       sorted({c.kernel for c in cases})))
-  result = _calibration.run_calibration(
+  result = peat.detector.run_calibration(
       cases, dtypes=_DTYPES.value, seeds=[int(s) for s in _SEEDS.value],
       progress=print)
   print()
@@ -195,7 +194,7 @@ def main(argv):
     print(f"{i:>2d} {label}")
   print(result.table())
   print(result.summary())
-  wrong = [r for r in result.records if not _calibration.is_correct(r)]
+  wrong = [r for r in result.records if not peat.detector.is_correct(r)]
   for r in wrong:
     print(f"  {r.expected:>20s} -> {r.predicted:<20s} {r.origin}:{r.error} "
           f"{r.kernel} {r.dtype} | {r.evidence[:120]}")

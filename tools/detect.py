@@ -35,8 +35,6 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 import numpy as np
 
 import peat_jax as peat
-from peat_jax import profiler as _campaign
-from peat_jax import profiler as _campaign_report
 
 _SIGNATURE = flags.DEFINE_string(
     "signature", None, "A signature .npz written by peat-analyze --out.",
@@ -51,7 +49,7 @@ _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "A campaign directory whose records to diagnose.",
     flag_values=FLAGS)
 _SOURCE = flags.DEFINE_enum(
-    "source", "auto", list(_campaign_report.SOURCES),
+    "source", "auto", list(peat.profiler.SOURCES),
     "--campaign_dir: playback (playback.msgpack), ops (ops.msgpack) or auto.",
     flag_values=FLAGS)
 _KUT = flags.DEFINE_string(
@@ -100,9 +98,9 @@ def _one(path: str) -> int:
 
 
 def _campaign_dir(directory: str) -> int:
-  data = _campaign_report.load_report_data(directory, kut=_KUT.value,
+  data = peat.profiler.load_report_data(directory, kut=_KUT.value,
                                            source=_SOURCE.value)
-  print(_campaign.summary_table(data))
+  print(peat.report.summary_table(data))
   counts = collections.Counter(s["model"] for s in data["sites"])
   print("sites per error model: " + ", ".join(
       f"{m} x{n}" for m, n in counts.most_common()))

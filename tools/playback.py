@@ -41,10 +41,6 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import profiler as _campaign
-from peat_jax import profiler as _campaign_report
-from peat_jax import profiler as _capture_io
-from peat_jax import profiler as _oplevel
 from peat_jax.kernels import kut as _kut
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
@@ -78,7 +74,7 @@ def _model(directory: str, steps) -> tuple[list, list, list]:
     n = max(len(saved) - 1, 1)
   else:
     n = len(steps)
-  result = _campaign.playback(
+  result = peat.playback(
       task, golden, _KUT.value, campaign_dir=directory, steps=steps,
       select=_SELECT.value,
       progress=_cli.Eta(n, prefixes=("playback step",)))
@@ -86,12 +82,12 @@ def _model(directory: str, steps) -> tuple[list, list, list]:
 
 
 def _ops(directory: str, steps) -> tuple[list, list, list]:
-  cdir = _oplevel.captures_dir_of(directory)
+  cdir = peat.profiler.captures_dir_of(directory)
   phase = tuple(_PHASE.value) or None
-  n = len(_oplevel.select_entries(
-      _capture_io.read_index(cdir), _KUT.value, select=_SELECT.value,
+  n = len(peat.profiler.select_entries(
+      peat.profiler.read_index(cdir), _KUT.value, select=_SELECT.value,
       phase=phase, steps=steps))
-  result = _oplevel.playback_ops(
+  result = peat.playback_ops(
       directory, _KUT.value, select=_SELECT.value, phase=phase, steps=steps,
       campaign_dir=directory, progress=_cli.Eta(n, prefixes=("op ",)))
   return result.records, result.sites, []
@@ -108,18 +104,18 @@ def main(argv: list[str]) -> int:
     return 2
   try:
     _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
-    with _campaign.campaign_lock(directory):
+    with peat.profiler.campaign_lock(directory):
       records, sites, effects = (_ops if _OPS.value else _model)(directory,
                                                                  steps)
-    data = _campaign_report.report_data(
+    data = peat.report.report_data(
         kut=_KUT.value, scenario=_TASK.scenario.value if not _OPS.value
         else "captured inputs", records=records, sites=sites,
         effects=effects)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(_campaign.summary_table(data))
-  name = _oplevel.OPS_FILE if _OPS.value else _campaign.PLAYBACK_FILE
+  print(peat.report.summary_table(data))
+  name = peat.profiler.OPS_FILE if _OPS.value else peat.profiler.PLAYBACK_FILE
   print(f"records: {os.path.join(directory, name)}")
   print(f"verdict: {data['verdict']['verdict']}")
   return 0

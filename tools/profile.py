@@ -42,7 +42,6 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import profiler
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string(
@@ -96,7 +95,7 @@ def _steps_flag(text: str | None):
   return [int(s) for s in text.split(",") if s.strip()]
 
 
-def _summary(result: profiler.ProfileResult) -> str:
+def _summary(result: peat.ProfileResult) -> str:
   rows: dict = {}
   for e in result.captured:
     r = rows.setdefault(e["site"], [e["site"], e["kernel"], [], 0, 0])
@@ -134,13 +133,13 @@ def main(argv: list[str]) -> int:
                           overrides=_OVERRIDES.value,
                           batch_size=_BATCH_SIZE.value, seed=_SEED.value)
     n_ckpt = -(-_STEPS.value // _CHECKPOINT_EVERY.value)
-    n_cap = len(profiler.capture_step_list(
+    n_cap = len(peat.profiler.capture_step_list(
         steps_sel, _STEPS.value, _CHECKPOINT_EVERY.value)) if capturing else 0
     golden_eta = _cli.Eta(n_ckpt, prefixes=("step ",))
     capture_eta = _cli.Eta(n_cap, prefixes=("captured step",),
                            out=golden_eta)
 
-    result = profiler.profile(
+    result = peat.profile(
         task, directory, steps=_STEPS.value,
         checkpoint_every=_CHECKPOINT_EVERY.value, **sel,
         capture_steps=steps_sel, budget_bytes=budget if capturing else None,

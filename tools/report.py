@@ -24,14 +24,12 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import profiler as _campaign
-from peat_jax import profiler as _campaign_report
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory to report. Required.",
     flag_values=FLAGS)
 _SOURCE = flags.DEFINE_enum(
-    "source", "auto", list(_campaign_report.SOURCES),
+    "source", "auto", list(peat.profiler.SOURCES),
     "Site records: playback (playback.msgpack), ops (op-level ops.msgpack) "
     "or auto (playback when there is any).", flag_values=FLAGS)
 _KUT = flags.DEFINE_string(
@@ -46,13 +44,13 @@ def main(argv: list[str]) -> int:
     print("error: --campaign_dir is required", file=sys.stderr)
     return 2
   try:
-    out = _campaign_report.rebuild_report(_CAMPAIGN_DIR.value,
+    out = peat.rebuild_report(_CAMPAIGN_DIR.value,
                                           kut=_KUT.value,
                                           source=_SOURCE.value)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(_campaign.summary_table(out.data))
+  print(peat.report.summary_table(out.data))
   print(f"verdict: {out.verdict}")
   print(f"report: {out.html}")
   print(f"data: {out.json}")

@@ -35,7 +35,6 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import profiler
 from peat_jax.kernels import kut as _kut
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
@@ -62,7 +61,7 @@ _SELECT = flags.DEFINE_string(
 _TASK = _cli.define_task_flags(FLAGS)
 
 
-def summary(result: profiler.RuntimeResult) -> str:
+def summary(result: peat.RuntimeResult) -> str:
   """Per-frequency table: final losses, largest loss gap, divergence."""
   rows = []
   for r in result.runs:
@@ -92,10 +91,10 @@ def main(argv: list[str]) -> int:
   try:
     _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
     for f in _FREQUENCIES.value:
-      profiler.parse_frequency(f)
+      peat.profiler.parse_frequency(f)
     task = _TASK.task(directory)
-    with profiler.campaign_lock(directory):
-      result = profiler.runtime(
+    with peat.profiler.campaign_lock(directory):
+      result = peat.runtime(
           task, os.path.join(directory, "golden"), _KUT.value,
           frequencies=tuple(_FREQUENCIES.value), steps=_STEPS.value,
           start_step=_START.value, seeds=seeds, campaign_dir=directory,
@@ -105,7 +104,7 @@ def main(argv: list[str]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(summary(result))
-  print(f"records: {os.path.join(directory, profiler.RUNTIME_FILE)}")
+  print(f"records: {os.path.join(directory, peat.profiler.RUNTIME_FILE)}")
   return 0
 
 

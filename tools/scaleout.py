@@ -40,9 +40,6 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat  # pylint: disable=g-import-not-at-top,wrong-import-position
-from peat_jax import profiler as _campaign  # pylint: disable=g-import-not-at-top,wrong-import-position
-from peat_jax import profiler as _data_parallel  # pylint: disable=g-import-not-at-top,wrong-import-position
-from peat_jax import profiler as _scaleout  # pylint: disable=g-import-not-at-top,wrong-import-position
 from peat_jax import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from peat_jax.kernels import kut as _kut  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -103,7 +100,7 @@ def _playback(task, directory: str, steps) -> None:
   def say(line: str) -> None:
     print(tag + line, flush=True)
 
-  result = _scaleout.sharded_playback(
+  result = peat.sharded_playback(
       task, os.path.join(directory, "golden"), _KUT.value,
       devices=_DEVICES.value, campaign_dir=directory, steps=steps,
       select=_SELECT.value, progress=say)
@@ -122,11 +119,11 @@ def _playback(task, directory: str, steps) -> None:
   if result.seconds_per_step == result.seconds_per_step:  # NaN: < 2 played
     print(f"seconds per checkpoint and device (compilation excluded): "
           f"{result.seconds_per_step:.3g}")
-  print(f"records: {os.path.join(directory, _scaleout.PLAYBACK_FILE)}")
+  print(f"records: {os.path.join(directory, peat.profiler.PLAYBACK_FILE)}")
 
 
 def _runtime(task, directory: str) -> None:
-  result = _data_parallel.data_parallel_runtime(
+  result = peat.data_parallel_runtime(
       task, os.path.join(directory, "golden"), _KUT.value,
       devices=_DEVICES.value, frequencies=tuple(_FREQUENCIES.value),
       steps=_RUNTIME_STEPS.value, start_step=_START_STEP.value,
@@ -134,7 +131,7 @@ def _runtime(task, directory: str) -> None:
   print(_cli.table([(r["frequency"], r["loss"][-1], r["golden_loss"][-1],
                      r["diverged_at"]) for r in result.runs],
                    ("frequency", "final loss", "golden", "diverged at")))
-  print(f"records: {os.path.join(directory, _data_parallel.RUNTIME_DP_FILE)}")
+  print(f"records: {os.path.join(directory, peat.profiler.RUNTIME_DP_FILE)}")
 
 
 def _work(task, directory: str, steps) -> None:
@@ -161,14 +158,14 @@ def main(argv: list[str]) -> int:
           "--mode=runtime trains data-parallel on one process's devices; "
           f"got --num_processes={_NUM_PROCESSES.value}. Run it on one host")
     if many:
-      _scaleout.init_distributed(
+      peat.init_distributed(
           _COORDINATOR.value or os.environ.get("JAX_COORDINATOR_ADDRESS", ""),
           _NUM_PROCESSES.value, _PROCESS_ID.value)
     task = _task(directory)
     if many:  # the processes share the directory; process 0 alone writes it
       _work(task, directory, steps)
     else:
-      with _campaign.campaign_lock(directory):
+      with peat.profiler.campaign_lock(directory):
         _work(task, directory, steps)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)

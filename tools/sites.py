@@ -22,7 +22,6 @@ import jax
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import sites as _sites
 from peat_jax import models
 
 _MODEL = flags.DEFINE_string(
@@ -41,7 +40,7 @@ _STRUCTURAL = flags.DEFINE_bool(
 
 
 def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=None,
-               pattern=None, include_structural: bool = False) -> _sites.SiteTable:
+               pattern=None, include_structural: bool = False) -> peat.SiteTable:
   """Discovers (and optionally selects) the sites of a scenario's train step.
 
   Args:
@@ -61,10 +60,10 @@ def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=
   """
   task = models.get_task(model, **(overrides or {}))
   state = jax.eval_shape(lambda: task.init_state(0))
-  sites = _sites.discover_sites(task.step_fn, state, task.batch_at(0),
+  sites = peat.discover_sites(task.step_fn, state, task.batch_at(0),
                                 include_structural=include_structural)
   if kernel or phase or pattern:
-    sites = _sites.select_sites(sites, kernel=kernel, phase=phase, pattern=pattern)
+    sites = peat.select_sites(sites, kernel=kernel, phase=phase, pattern=pattern)
   return sites
 
 

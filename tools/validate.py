@@ -31,8 +31,6 @@ from absl import logging
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import profiler as _campaign
-from peat_jax import profiler as _isolate
 from peat_jax import models
 
 _SCENARIO = flags.DEFINE_string(
@@ -69,15 +67,15 @@ _ISOLATE = flags.DEFINE_enum(
     "native: KUTs (required for the deliberately broken ones).",
     flag_values=FLAGS)
 _TIMEOUT_S = flags.DEFINE_float(
-    "timeout_s", _isolate.TIMEOUT_S,
+    "timeout_s", peat.profiler.TIMEOUT_S,
     "Isolation: seconds one checkpoint (or runtime frequency) may take "
     "before the worker is killed and a hang is recorded.", flag_values=FLAGS)
 _STARTUP_S = flags.DEFINE_float(
-    "startup_s", _isolate.STARTUP_S,
+    "startup_s", peat.profiler.STARTUP_S,
     "Isolation: extra seconds for each worker's first checkpoint (import, "
     "tracing, compilation).", flag_values=FLAGS)
 _MEMORY_LIMIT_MB = flags.DEFINE_integer(
-    "memory_limit_mb", _isolate.MEMORY_LIMIT_MB,
+    "memory_limit_mb", peat.profiler.MEMORY_LIMIT_MB,
     "Isolation: resident memory (MiB) a worker may use; 0 for no limit.",
     flag_values=FLAGS)
 
@@ -102,7 +100,7 @@ def main(argv: list[str]) -> int:
     factory = models.prepare_task_factory(
         _scenario(), os.path.join(directory, "task"), seed=_SEED.value,
         progress=print, **overrides)
-    paths = _campaign.validate(
+    paths = peat.validate(
         factory, _KUT.value, directory, steps=_STEPS.value,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         frequencies=tuple(_FREQUENCIES.value),

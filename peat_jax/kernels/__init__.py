@@ -9,6 +9,7 @@ references, tolerances and seeded inputs for checks of native variants),
 the native libraries are built.
 """
 
+from peat_jax.kernels._ffi import signature_pass as signature_pass
 from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL as EXPECTED_ERROR_MODEL
 from peat_jax.kernels._variants import NONDETERMINISTIC as NONDETERMINISTIC
 from peat_jax.kernels._variants import variants as variants

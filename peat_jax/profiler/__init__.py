@@ -24,12 +24,10 @@ a training flow and collects model states. Private modules:
 
 from peat_jax.profiler._campaign import CampaignPaths as CampaignPaths
 from peat_jax.profiler._campaign import campaign_lock as campaign_lock
-from peat_jax.profiler._campaign import summary_table as summary_table
 from peat_jax.profiler._campaign import validate as validate
 from peat_jax.profiler._campaign_report import SOURCES as SOURCES
 from peat_jax.profiler._campaign_report import load_report_data as load_report_data
 from peat_jax.profiler._campaign_report import rebuild_report as rebuild_report
-from peat_jax.profiler._campaign_report import report_data as report_data
 from peat_jax.profiler._capture import ProfileResult as ProfileResult
 from peat_jax.profiler._capture import capture_step_list as capture_step_list
 from peat_jax.profiler._capture import profile as profile

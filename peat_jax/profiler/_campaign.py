@@ -15,17 +15,15 @@ the campaign (docs/reliability.md).
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import fcntl
 import json
 import os
 import time
 from typing import Callable, Iterator, NamedTuple, Sequence
 
-import numpy as np
 
+from peat_jax.profiler import _campaign_report
 from peat_jax.profiler import _layout
-from peat_jax import detector as _detector
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler import _isolate as _isolate
 from peat_jax import report as _report
@@ -122,36 +120,6 @@ def _check_settings(directory: str, settings: dict) -> None:
         "the same command again.") from err
 
 
-def _site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
-  out = []
-  for name in order:
-    rs = sorted((r for r in records if r["site"] == name),
-                key=lambda r: r["step"])
-    if not rs:
-      continue
-    top = min(rs, key=lambda r: (-_detector.severity(r["diagnosis"]["verdict"]),
-                                 -r["diagnosis"]["confidence"]))
-    sig0 = rs[0]["signature"]
-    mant = {0: 23, 1: 7, 2: 10, 3: 52}.get(sig0.get("dtype_code", 0), 23)
-    expo = {0: 8, 1: 8, 2: 5, 3: 11}.get(sig0.get("dtype_code", 0), 8)
-    bits = np.sum([r["signature"]["bits_xor"] for r in rs], axis=0)
-    ulp = np.sum([r["signature"]["ulp_hist"] for r in rs], axis=0)
-    out.append({
-        "site": name, "kernel": rs[0]["kernel"],
-        "direction": "bwd" if rs[0]["phase"] == "bwd" else "fwd",
-        "model": top["diagnosis"]["model"],
-        "confidence": top["diagnosis"]["confidence"],
-        "evidence": f"step {top['step']}: {top['diagnosis']['evidence']}",
-        "verdict": top["diagnosis"]["verdict"],
-        "steps": [r["step"] for r in rs],
-        "noise_ratio": [r["signature"].get("noise_ratio") for r in rs],
-        "rel_rms": [r["signature"]["rel_rms"] for r in rs],
-        "share_differ": [r["signature"]["share_differ"] for r in rs],
-        "ulp_hist": ulp.tolist(), "bits_xor": bits.tolist(),
-        "mantissa_bits": mant, "exponent_bits": expo})
-  return out
-
-
 class CampaignPaths(NamedTuple):
   """Where :func:`validate` wrote a campaign.
 
@@ -166,78 +134,6 @@ class CampaignPaths(NamedTuple):
   html: str
   json: str
   verdict: str
-
-
-def summary_table(data: dict) -> str:
-  """A plain-text summary of report data (what :func:`validate` prints)."""
-  lines = [f"KUT {data['kut']} on {data['scenario']}: "
-           f"{data['verdict']['verdict'].upper()}",
-           f"  {data['verdict']['summary']}"]
-  w = max([len(s["site"]) for s in data["sites"]] + [4])
-  lines.append(f"  {'site':<{w}}  {'model':<20} {'verdict':<7} max_noise_ratio")
-  for s in data["sites"]:
-    nr = [x for x in s["noise_ratio"] if x is not None and x == x]
-    lines.append(f"  {s['site']:<{w}}  {s['model']:<20} {s['verdict']:<7} "
-                 f"{max(nr) if nr else float('nan'):.3g}")
-  loc = data.get("localization")
-  lines.append("  localization: " + (
-      f"{loc['site']} at step {loc['step']} (noise ratio "
-      f"{loc['noise_ratio'] if loc['noise_ratio'] is not None else float('nan'):.3g})"
-      if loc else "none (every site within the noise floor)" if data["sites"]
-      else "none (no playback record)"))
-  pb = data.get("playback")
-  if pb and pb["steps"]:
-    lines.append("  playback max |loss_kut - loss_golden| = "
-                 f"{max(abs(a - b) for a, b in zip(pb['loss_kut'], pb['loss_golden'])):.3g}"
-                 f", max update rel diff = {max(pb['update_rel_diff']):.3g}")
-  for r in data.get("runtime") or []:
-    if r.get("crashed") or not r["loss"]:
-      lines.append(f"  runtime {r['frequency']:<24} {r['reason']}")
-      continue
-    lines.append(f"  runtime {r['frequency']:<24} final loss {r['loss'][-1]:.5g}"
-                 f" (golden {r['golden_loss'][-1]:.5g}): "
-                 + (f"diverged at step {r['diverged_at']} ({r['reason']})"
-                    if r["diverged_at"] is not None else "no divergence"))
-  crashes = data.get("crashes") or []
-  if crashes:
-    lines.append(f"  crash and hang findings ({len(crashes)}):")
-    for f in crashes:
-      lines.append(f"    {_finding_line(f)}")
-  return "\n".join(lines)
-
-
-def _finding_line(f: dict) -> str:
-  """One line of a crash or hang finding."""
-  where = (f"playback step {f['step']} at site {f['site'] or '(several)'}"
-           if f["phase"] == "playback" else
-           f"runtime FI {f['frequency']}" if f["phase"] == "runtime" else
-           f["phase"])
-  return f"{f['kind']}: {where}: {_report.finding_cause(f)}"
-
-
-def _verdict_data(diags: dict, findings: Sequence[dict]) -> dict:
-  """The report's verdict: the Detector's, failed by crash/hang findings."""
-  v = _detector.verdict(diags) if diags else None
-  if not findings:
-    if v is None:
-      raise PeatError("the campaign has no playback record and no finding; "
-                      "expected at least one played checkpoint")
-    return {"verdict": v.verdict, "summary": v.summary,
-            "deciding": [list(k) for k in v.deciding[:50]]}
-  kinds = sorted({f["kind"] for f in findings})
-  verbs = {"crash": "crashed", "hang": "hung"}
-  summary = (f"fail: the KUT {' and '.join(verbs[k] for k in kinds)} "
-             f"({len(findings)} finding{'s' if len(findings) > 1 else ''}): "
-             + "; ".join(_finding_line(f) for f in findings[:5])
-             + (f"; and {len(findings) - 5} more" if len(findings) > 5
-                else ""))
-  if v is not None:
-    summary += f". Playback records: {v.summary}"
-  deciding = [[f["site"] or f"{f['phase']} {f['frequency'] or ''}".strip(),
-               f["step"]] for f in findings]
-  if v is not None and v.verdict == "fail":
-    deciding += [list(k) for k in v.deciding]
-  return {"verdict": "fail", "summary": summary, "deciding": deciding[:50]}
 
 
 def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,
@@ -356,50 +252,30 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
     say(f"[2/4] playback FI of {kut_spec} at {len(g.steps) - 1} "
         f"checkpoints{iso}")
     if isolated:
-      pb = _isolated.isolated_playback(factory, g.workdir, kut_spec,
+      _isolated.isolated_playback(factory, g.workdir, kut_spec,
                                       campaign_dir=directory, select=select,
                                       progress=say, **limits)
     else:
-      pb = playback(task, g.workdir, kut_spec, campaign_dir=directory,
+      playback(task, g.workdir, kut_spec, campaign_dir=directory,
                     select=select, progress=say)
-    rt = None
     if frequencies:
       say(f"[3/4] runtime FI: {', '.join(frequencies)}, {runtime_steps} "
           f"steps{iso}")
       if isolated:
-        rt = _isolated.isolated_runtime(
+        _isolated.isolated_runtime(
             factory, g.workdir, kut_spec, frequencies=frequencies,
             steps=runtime_steps, campaign_dir=directory, select=select,
             progress=say, **limits)
       else:
-        rt = runtime(task, g.workdir, kut_spec, frequencies=frequencies,
+        runtime(task, g.workdir, kut_spec, frequencies=frequencies,
                      steps=runtime_steps, campaign_dir=directory,
                      select=select, progress=say)
     say("[4/4] verdict and report")
-    diags = {(r["site"], r["step"]): _detector.diagnosis_of(r) for r in pb.records}
-    findings = _isolated.read_findings(directory, kut_spec)
-    verdict = _verdict_data(diags, findings)
-    data = {
-        "title": f"peat_jax validation: {kut_spec} on {settings['scenario']}",
-        "kut": kut_spec, "scenario": settings["scenario"],
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
-            timespec="seconds"),
-        "verdict": verdict,
-        "crashes": findings,
-        "sites": _site_entries(pb.records, pb.sites),
-        "localization": pb.localization,
-        "playback": {
-            "steps": [e["step"] for e in pb.effects],
-            "loss_golden": [e["loss_golden"] for e in pb.effects],
-            "loss_kut": [e["loss_kut"] for e in pb.effects],
-            "grad_rel_diff": [e["grad_rel_diff"] for e in pb.effects],
-            "update_rel_diff": [e["update_rel_diff"] for e in pb.effects]},
-        "runtime": rt.runs if rt else None,
-        "runtime_spread": rt.spread if rt else None,
-        "settings": {k: v for k, v in settings.items() if k != "task_config"},
-    }
+    # The report is built from the records on disk, by the same loader
+    # as peat.rebuild_report (peat-report), so the two are the same.
+    data = _campaign_report.load_report_data(directory, kut=kut_spec)
     paths = _report.write_report(data, directory)
-    say(summary_table(data))
+    say(_report.summary_table(data))
     say(f"report: {paths.html} ({time.perf_counter() - t0:.1f} s)")
     return CampaignPaths(directory, str(paths.html), str(paths.json),
-                         verdict["verdict"])
+                         data["verdict"]["verdict"])

@@ -12,78 +12,19 @@ campaign, after op-level playback, or with another KUT of the same files).
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from typing import Any, NamedTuple, Sequence
 
 from peat_jax.profiler import _layout
-from peat_jax import detector as _detector
-from peat_jax.profiler import _campaign as _campaign
 from peat_jax import report as _report
 from peat_jax.core import PeatError
 from peat_jax.profiler._oplevel import OPS_FILE
 from peat_jax.profiler import _records
 from peat_jax.profiler import _isolated
+from peat_jax.profiler import _runtime
 
 SOURCES = ("auto", "playback", "ops")
-
-
-def report_data(*, kut: str, scenario: str, records: Sequence[dict],
-                sites: Sequence[str], effects: Sequence[dict] = (),
-                runtime: Sequence[dict] | None = None,
-                runtime_spread: dict | None = None,
-                findings: Sequence[dict] = (),
-                settings: dict | None = None,
-                title: str | None = None) -> dict:
-  """The report data (docs/report.md schema) of one KUT's records.
-
-  Args:
-    kut: the KUT spec.
-    scenario: the scenario label.
-    records: site records (``kind == "site"``) of that KUT.
-    sites: site names in execution order.
-    effects: playback effect records (``kind == "effect"``).
-    runtime: runtime runs in the report's ``runtime`` schema, or None.
-    runtime_spread: ``{"steps", "loss_spread"}`` or None.
-    findings: crash and hang findings of process-isolated runs (they fail
-      the verdict).
-    settings: shown in the report's settings table.
-    title: default ``"peat_jax validation: <kut> on <scenario>"``.
-
-  Returns:
-    The data mapping for :func:`peat_jax.write_report`.
-
-  Raises:
-    PeatError: no site record and no finding.
-  """
-  if not records and not findings:
-    raise PeatError(f"no site record of KUT {kut!r}: nothing to report; run "
-                    "playback (or op-level playback) first")
-  diags = {(r["site"], r["step"]): _detector.diagnosis_of(r) for r in records}
-  verdict = _campaign._verdict_data(diags, list(findings))  # pylint: disable=W0212
-  effects = sorted(effects, key=lambda e: e["step"])
-  entries = _campaign._site_entries(records, sites)  # pylint: disable=W0212
-  return {
-      "title": title or f"peat_jax validation: {kut} on {scenario}",
-      "kut": kut, "scenario": scenario,
-      "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
-          timespec="seconds"),
-      "verdict": verdict,
-      "crashes": list(findings),
-      "sites": entries,
-      "localization": _detector.localize(records, sites),
-      "playback": {
-          "steps": [e["step"] for e in effects],
-          "loss_golden": [e["loss_golden"] for e in effects],
-          "loss_kut": [e["loss_kut"] for e in effects],
-          "grad_rel_diff": [e["grad_rel_diff"] for e in effects],
-          "update_rel_diff": [e["update_rel_diff"] for e in effects]}
-                  if effects else None,
-      "runtime": list(runtime) if runtime else None,
-      "runtime_spread": runtime_spread if runtime else None,
-      "settings": dict(settings or {}),
-  }
 
 
 def _read_json(path: str) -> dict:
@@ -112,20 +53,14 @@ def _runtime_runs(records: Sequence[dict], kut: str, settings: dict
     return None, None
   n = settings.get("runtime_steps", recs[-1]["n"])
   start = recs[-1]["start"] if not settings else 0
-  group = {r["name"]: r for r in recs if r["n"] == n and r["start"] == start}
-  if "golden" not in group or "spread" not in group:
-    return None, None
+  group = [r for r in recs if r["n"] == n and r["start"] == start]
   freqs = (settings["frequencies"].split(",") if settings.get("frequencies")
-           else [k for k in group if k not in ("golden", "spread")])
-  steps = list(range(start, start + n))
-  golden = group["golden"]["loss"]
-  runs = [{"frequency": group[f]["label"], "steps": steps,
-           "loss": group[f]["loss"], "golden_loss": golden,
-           "diverged_at": group[f]["diverged_at"],
-           "reason": group[f]["reason"]} for f in freqs if f in group]
-  if not runs:
+           else [r["name"] for r in group
+                 if r["name"] not in ("golden", "spread")])
+  result = _runtime.runtime_result(group, freqs, n, start)
+  if not result.runs:
     return None, None
-  return runs, {"steps": steps, "loss_spread": group["spread"]["loss"]}
+  return result.runs, result.spread
 
 
 def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
@@ -141,7 +76,7 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
       when there are any, else op-level ones).
 
   Returns:
-    The report data.
+    The report data (:func:`peat_jax.report.report_data`).
 
   Raises:
     PeatError: a missing directory, an unknown source, no record, several
@@ -152,7 +87,7 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
     raise PeatError(f"campaign directory {d} does not exist")
   if source not in SOURCES:
     raise PeatError(f"source must be one of {SOURCES}; got {source!r}")
-  settings = _read_json(os.path.join(d, _campaign.SETTINGS_FILE))
+  settings = _read_json(os.path.join(d, _layout.SETTINGS_FILE))
   run = _read_json(os.path.join(d, _layout.GOLDEN_DIR, _layout.RUN_FILE))
   pb = _records.read_records(os.path.join(d, _records.PLAYBACK_FILE))
   ops = _records.read_records(os.path.join(d, OPS_FILE))
@@ -182,7 +117,7 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
   shown = {k: v for k, v in settings.items() if k != "task_config"}
   shown.setdefault("records", f"{source} ({len(sites)} site records)")
   sites.sort(key=lambda r: r["step"])
-  return report_data(kut=kut, scenario=scenario, records=sites,
+  return _report.report_data(kut=kut, scenario=scenario, records=sites,
                      sites=_order(sites), effects=effects, runtime=rt,
                      runtime_spread=spread, findings=findings, settings=shown)
 

@@ -249,31 +249,6 @@ def run_frequencies(factory: tuple, golden_dir: str, kut_spec: str,
     yield ("done", f, read_records(path)[before:])
 
 
-def runtime_result(records: Sequence[dict], frequencies: Sequence[str],
-                   steps: int, start_step: int) -> _runtime.RuntimeResult:
-  """A :class:`peat_jax.RuntimeResult` from ``runtime.msgpack`` records.
-
-  A crashed frequency has ``crashed: True``, empty ``steps``, ``loss`` and
-  ``golden_loss``, and the crash in ``reason``.
-  """
-  byname = {r["name"]: r for r in records}
-  golden = byname.get("golden", {}).get("loss", [])
-  spread = byname.get("spread", {}).get("loss", [])
-  step_ids = list(range(start_step, start_step + steps))
-  runs = []
-  for f in frequencies:
-    r = byname[f]
-    crashed = r.get("crash") is not None
-    runs.append({"frequency": r["label"],
-                 "steps": [] if crashed else step_ids, "loss": r["loss"],
-                 "golden_loss": [] if crashed else golden,
-                 "diverged_at": r["diverged_at"], "reason": r["reason"],
-                 "crashed": crashed})
-  return _runtime.RuntimeResult(
-      runs, {"steps": step_ids if spread else [], "loss_spread": spread},
-      golden)
-
-
 def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
                      kut_spec: str, *,
                      frequencies: Sequence[str] = ("every", "every_4",
@@ -313,7 +288,7 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
     progress: called with one line per frequency.
 
   Returns:
-    A :class:`peat_jax.RuntimeResult` (crashed runs: :func:`runtime_result`).
+    A :class:`peat_jax.RuntimeResult` (crashed runs: ``_runtime.runtime_result``).
 
   Raises:
     PeatError: unknown frequency, or a worker error that is not a crash,
@@ -385,8 +360,8 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
       remaining = remaining[remaining.index(f) + 1:]
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
-  return runtime_result(list(byname.values()), frequencies, steps,
-                        start_step)
+  return _runtime.runtime_result(list(byname.values()), frequencies, steps,
+                                 start_step)
 
 
 # ------------------------------------------------------------ one kernel

@@ -147,7 +147,6 @@ def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
   spread = byname["spread"]["loss"]
   env = envelope(spread)
   step_ids = list(range(start_step, start_step + steps))
-  runs = []
   for f, sched, label in scheds:
     if f not in byname:
       t0 = time.perf_counter()
@@ -161,12 +160,47 @@ def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
           + (f"diverged at step {step_ids[at]}: {why}" if at is not None
              else "no divergence")
           + f" ({time.perf_counter() - t0:.1f} s)")
+  return runtime_result(list(byname.values()), [f for f, _, _ in scheds],
+                        steps, start_step)
+
+
+def runtime_result(records: Sequence[dict], frequencies: Sequence[str],
+                   steps: int, start_step: int) -> RuntimeResult:
+  """A :class:`peat_jax.RuntimeResult` from ``runtime.msgpack`` records.
+
+  The one builder of runtime runs in the report's schema (runtime FI,
+  isolated runtime FI and the report read from a campaign directory).
+
+  Args:
+    records: the records of one KUT and one (steps, start_step) group.
+    frequencies: the frequencies to report, in order; those without a
+      record are left out.
+    steps: steps per run.
+    start_step: the first step's number.
+
+  Returns:
+    A :class:`RuntimeResult`. A crashed frequency (process isolation) has
+    ``crashed: True``, empty ``steps``, ``loss`` and ``golden_loss``, and
+    the crash in ``reason``.
+  """
+  byname = {r["name"]: r for r in records}
+  golden = byname.get("golden", {}).get("loss", [])
+  spread = byname.get("spread", {}).get("loss", [])
+  step_ids = list(range(start_step, start_step + steps))
+  runs = []
+  for f in frequencies:
+    if f not in byname:
+      continue
     r = byname[f]
-    runs.append({"frequency": r["label"], "steps": step_ids,
-                 "loss": r["loss"], "golden_loss": golden,
-                 "diverged_at": r["diverged_at"], "reason": r["reason"]})
-  return RuntimeResult(runs, {"steps": step_ids, "loss_spread": spread},
-                       golden)
+    crashed = r.get("crash") is not None
+    runs.append({"frequency": r["label"],
+                 "steps": [] if crashed else step_ids, "loss": r["loss"],
+                 "golden_loss": [] if crashed else golden,
+                 "diverged_at": r["diverged_at"], "reason": r["reason"],
+                 "crashed": crashed})
+  return RuntimeResult(
+      runs, {"steps": step_ids if spread else [], "loss_spread": spread},
+      golden)
 
 
 def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,

@@ -189,8 +189,6 @@ def _report_without_time(path):
   return data
 
 
-@pytest.mark.xfail(strict=True, reason="validate and rebuild_report assemble "
-                   "the report data in two places (fixed in the next commit)")
 @pytest.mark.parametrize("kut_spec", ["golden", "test:missed_write_matmul"])
 def test_rebuilt_report_equals_the_report_validate_wrote(task, tmp_path,
                                                           kut_spec):

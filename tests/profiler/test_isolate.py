@@ -11,6 +11,7 @@ from peat_jax import profiler
 from peat_jax.profiler import _campaign as campaign
 from peat_jax.profiler import _isolate as isolate
 from peat_jax.profiler import _isolated as isolated
+from peat_jax.profiler import _runtime as runtime_mod
 from peat_jax import report as _report
 from peat_jax.kernels import _variants
 from peat_jax.kernels import kut
@@ -129,11 +130,11 @@ def _findings():
 
 def test_findings_fail_the_verdict_and_show_in_report_and_summary(tmp_path):
   findings = _findings()
-  v = campaign._verdict_data({}, findings)
+  v = _report.verdict_data({}, findings)
   assert v["verdict"] == "fail"
   assert v["summary"].startswith("fail: the KUT crashed and hung (2 findings)")
   assert v["deciding"][0] == ["fwd/Cnn/Linear/dot_general:0", 4]
-  rt = isolated.runtime_result(
+  rt = runtime_mod.runtime_result(
       [{"name": "golden", "loss": [2.0, 1.9]},
        {"name": "spread", "loss": [0.1, 0.1]},
        {"name": "every", "loss": [], "label": "every call",
@@ -150,7 +151,7 @@ def test_findings_fail_the_verdict_and_show_in_report_and_summary(tmp_path):
   assert '<section id="crashes"><h2>Crashes and hangs</h2>' in html
   assert "SIGSEGV" in html and "time limit 3 s" in html
   assert json.loads(paths.json.read_text())["crashes"] == findings
-  text = profiler.summary_table(data)
+  text = _report.summary_table(data)
   assert "runtime every call               hang: no result within 3 s" in text
   assert ("crash: playback step 4 at site fwd/Cnn/Linear/dot_general:0: "
           "SIGSEGV") in text

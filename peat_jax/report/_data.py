@@ -1,0 +1,199 @@
+"""The report data: the one builder of a campaign's report (docs/report.md).
+
+:func:`report_data` turns a KUT's site records, playback effects, runtime
+runs and crash findings into the schema :func:`write_report` renders; the
+campaign drivers (``peat.validate``) and the rebuild from a campaign
+directory (``peat.rebuild_report``, ``peat-report``) both call it, on the
+records read back from the campaign's files. :func:`summary_table` is the
+plain-text summary of the same data.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Sequence
+
+import numpy as np
+
+from peat_jax import detector as _detector
+from peat_jax.core import PeatError
+from peat_jax.report._html import finding_cause
+
+
+def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
+  """The report's site table: one entry per site, worst record first.
+
+  Args:
+    records: site records of one KUT (docs/campaign.md).
+    order: site names in execution order.
+
+  Returns:
+    The report schema's ``sites`` list.
+  """
+  out = []
+  for name in order:
+    rs = sorted((r for r in records if r["site"] == name),
+                key=lambda r: r["step"])
+    if not rs:
+      continue
+    top = min(rs, key=lambda r: (-_detector.severity(r["diagnosis"]["verdict"]),
+                                 -r["diagnosis"]["confidence"]))
+    sig0 = rs[0]["signature"]
+    mant = {0: 23, 1: 7, 2: 10, 3: 52}.get(sig0.get("dtype_code", 0), 23)
+    expo = {0: 8, 1: 8, 2: 5, 3: 11}.get(sig0.get("dtype_code", 0), 8)
+    bits = np.sum([r["signature"]["bits_xor"] for r in rs], axis=0)
+    ulp = np.sum([r["signature"]["ulp_hist"] for r in rs], axis=0)
+    out.append({
+        "site": name, "kernel": rs[0]["kernel"],
+        "direction": "bwd" if rs[0]["phase"] == "bwd" else "fwd",
+        "model": top["diagnosis"]["model"],
+        "confidence": top["diagnosis"]["confidence"],
+        "evidence": f"step {top['step']}: {top['diagnosis']['evidence']}",
+        "verdict": top["diagnosis"]["verdict"],
+        "steps": [r["step"] for r in rs],
+        "noise_ratio": [r["signature"].get("noise_ratio") for r in rs],
+        "rel_rms": [r["signature"]["rel_rms"] for r in rs],
+        "share_differ": [r["signature"]["share_differ"] for r in rs],
+        "ulp_hist": ulp.tolist(), "bits_xor": bits.tolist(),
+        "mantissa_bits": mant, "exponent_bits": expo})
+  return out
+
+
+def verdict_data(diags: dict, findings: Sequence[dict]) -> dict:
+  """The report's verdict: the Detector's, failed by crash/hang findings.
+
+  Args:
+    diags: ``{(site, step): Diagnosis}`` of the playback records.
+    findings: crash and hang findings of process isolation.
+
+  Returns:
+    The report schema's ``verdict`` mapping.
+
+  Raises:
+    PeatError: neither a diagnosis nor a finding.
+  """
+  v = _detector.verdict(diags) if diags else None
+  if not findings:
+    if v is None:
+      raise PeatError("the campaign has no playback record and no finding; "
+                      "expected at least one played checkpoint")
+    return {"verdict": v.verdict, "summary": v.summary,
+            "deciding": [list(k) for k in v.deciding[:50]]}
+  kinds = sorted({f["kind"] for f in findings})
+  verbs = {"crash": "crashed", "hang": "hung"}
+  summary = (f"fail: the KUT {' and '.join(verbs[k] for k in kinds)} "
+             f"({len(findings)} finding{'s' if len(findings) > 1 else ''}): "
+             + "; ".join(finding_line(f) for f in findings[:5])
+             + (f"; and {len(findings) - 5} more" if len(findings) > 5
+                else ""))
+  if v is not None:
+    summary += f". Playback records: {v.summary}"
+  deciding = [[f["site"] or f"{f['phase']} {f['frequency'] or ''}".strip(),
+               f["step"]] for f in findings]
+  if v is not None and v.verdict == "fail":
+    deciding += [list(k) for k in v.deciding]
+  return {"verdict": "fail", "summary": summary, "deciding": deciding[:50]}
+
+
+def summary_table(data: dict) -> str:
+  """A plain-text summary of report data (what :func:`validate` prints)."""
+  lines = [f"KUT {data['kut']} on {data['scenario']}: "
+           f"{data['verdict']['verdict'].upper()}",
+           f"  {data['verdict']['summary']}"]
+  w = max([len(s["site"]) for s in data["sites"]] + [4])
+  lines.append(f"  {'site':<{w}}  {'model':<20} {'verdict':<7} max_noise_ratio")
+  for s in data["sites"]:
+    nr = [x for x in s["noise_ratio"] if x is not None and x == x]
+    lines.append(f"  {s['site']:<{w}}  {s['model']:<20} {s['verdict']:<7} "
+                 f"{max(nr) if nr else float('nan'):.3g}")
+  loc = data.get("localization")
+  lines.append("  localization: " + (
+      f"{loc['site']} at step {loc['step']} (noise ratio "
+      f"{loc['noise_ratio'] if loc['noise_ratio'] is not None else float('nan'):.3g})"
+      if loc else "none (every site within the noise floor)" if data["sites"]
+      else "none (no playback record)"))
+  pb = data.get("playback")
+  if pb and pb["steps"]:
+    lines.append("  playback max |loss_kut - loss_golden| = "
+                 f"{max(abs(a - b) for a, b in zip(pb['loss_kut'], pb['loss_golden'])):.3g}"
+                 f", max update rel diff = {max(pb['update_rel_diff']):.3g}")
+  for r in data.get("runtime") or []:
+    if r.get("crashed") or not r["loss"]:
+      lines.append(f"  runtime {r['frequency']:<24} {r['reason']}")
+      continue
+    lines.append(f"  runtime {r['frequency']:<24} final loss {r['loss'][-1]:.5g}"
+                 f" (golden {r['golden_loss'][-1]:.5g}): "
+                 + (f"diverged at step {r['diverged_at']} ({r['reason']})"
+                    if r["diverged_at"] is not None else "no divergence"))
+  crashes = data.get("crashes") or []
+  if crashes:
+    lines.append(f"  crash and hang findings ({len(crashes)}):")
+    for f in crashes:
+      lines.append(f"    {finding_line(f)}")
+  return "\n".join(lines)
+
+
+def finding_line(f: dict) -> str:
+  """One line of a crash or hang finding (summary and verdict)."""
+  where = (f"playback step {f['step']} at site {f['site'] or '(several)'}"
+           if f["phase"] == "playback" else
+           f"runtime FI {f['frequency']}" if f["phase"] == "runtime" else
+           f["phase"])
+  return f"{f['kind']}: {where}: {finding_cause(f)}"
+
+
+def report_data(*, kut: str, scenario: str, records: Sequence[dict],
+                sites: Sequence[str], effects: Sequence[dict] = (),
+                runtime: Sequence[dict] | None = None,
+                runtime_spread: dict | None = None,
+                findings: Sequence[dict] = (),
+                settings: dict | None = None,
+                title: str | None = None) -> dict:
+  """The report data (docs/report.md schema) of one KUT's records.
+
+  Args:
+    kut: the KUT spec.
+    scenario: the scenario label.
+    records: site records (``kind == "site"``) of that KUT.
+    sites: site names in execution order.
+    effects: playback effect records (``kind == "effect"``).
+    runtime: runtime runs in the report's ``runtime`` schema, or None.
+    runtime_spread: ``{"steps", "loss_spread"}`` or None.
+    findings: crash and hang findings of process-isolated runs (they fail
+      the verdict).
+    settings: shown in the report's settings table.
+    title: default ``"peat_jax validation: <kut> on <scenario>"``.
+
+  Returns:
+    The data mapping for :func:`write_report`.
+
+  Raises:
+    PeatError: no site record and no finding.
+  """
+  if not records and not findings:
+    raise PeatError(f"no site record of KUT {kut!r}: nothing to report; run "
+                    "playback (or op-level playback) first")
+  diags = {(r["site"], r["step"]): _detector.diagnosis_of(r) for r in records}
+  verdict = verdict_data(diags, list(findings))
+  effects = sorted(effects, key=lambda e: e["step"])
+  entries = site_entries(records, sites)
+  return {
+      "title": title or f"peat_jax validation: {kut} on {scenario}",
+      "kut": kut, "scenario": scenario,
+      "created": _dt.datetime.now(_dt.timezone.utc).isoformat(
+          timespec="seconds"),
+      "verdict": verdict,
+      "crashes": list(findings),
+      "sites": entries,
+      "localization": _detector.localize(records, sites),
+      "playback": {
+          "steps": [e["step"] for e in effects],
+          "loss_golden": [e["loss_golden"] for e in effects],
+          "loss_kut": [e["loss_kut"] for e in effects],
+          "grad_rel_diff": [e["grad_rel_diff"] for e in effects],
+          "update_rel_diff": [e["update_rel_diff"] for e in effects]}
+                  if effects else None,
+      "runtime": list(runtime) if runtime else None,
+      "runtime_spread": runtime_spread if runtime else None,
+      "settings": dict(settings or {}),
+  }
