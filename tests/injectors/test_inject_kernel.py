@@ -186,6 +186,47 @@ def test_emulation_reaches_dots_inside_composite_kernels_and_nested_jit():
   assert (bits(y) != bits(mlp(x, w1, w2))).any()
 
 
+def _in_scan(h, ws):
+  return lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, ws)[0]
+
+
+def _unrolled(h, ws):
+  for i in range(ws.shape[0]):
+    h = jnp.tanh(h @ ws[i])
+  return h
+
+
+def _in_while(h, ws):
+  # A trip count known only at run time: a while loop, not a scan.
+  n = jnp.asarray(ws.shape[0], jnp.int32) - (h[0, 0] > 1e9).astype(jnp.int32)
+  return lax.fori_loop(0, n, lambda i, c: jnp.tanh(c @ ws[i]), h)
+
+
+def _in_cond(h, ws):
+  return lax.cond(h[0, 0] < 1e9, lambda c: _unrolled(c, ws),
+                  lambda c: c @ ws[0], h)
+
+
+@pytest.mark.xfail(strict=True, reason="the computation injectors' own jaxpr "
+                   "interpreter leaves dots inside scan/while/cond golden "
+                   "(fixed in the next commit: one interpreter)")
+@pytest.mark.parametrize("construct", [_in_scan, _in_while, _in_cond])
+@pytest.mark.parametrize("name,params", [
+    ("accumulation:bf16", {"chunk": 4}),
+    ("reordering", {"blocks": 4, "order": "pairwise"})])
+def test_emulation_reaches_dots_inside_scan_while_and_cond(construct, name,
+                                                           params):
+  """A dot inside lax control flow is re-computed like the same dot outside."""
+  h, ws = data(41, (8, 128)), data(42, (3, 128, 128), scale=0.09)
+  key = jax.random.key(0)
+  want = injectors.injecting_kernel(name, _unrolled, **params)(
+      h, ws, inject_key=key)
+  got = injectors.injecting_kernel(name, construct, **params)(
+      h, ws, inject_key=key)
+  np.testing.assert_array_equal(bits(got), bits(want))
+  assert (bits(got) != bits(construct(h, ws))).any()
+
+
 def test_grouped_convolutions_are_refused_with_a_clear_error():
   x, w = data(19, (1, 4, 4, 4)), data(20, (3, 3, 1, 4))
   grouped = lambda x, w: lax.conv_general_dilated(
