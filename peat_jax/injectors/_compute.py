@@ -20,8 +20,9 @@ way:
 
 ``emulate`` evaluates a golden function's jaxpr with those primitives
 replaced; it is what ``injecting_kernel`` uses for the forward pass and, on the
-golden VJP's jaxpr, for the backward pass. Calls inside lax control flow
-(``scan``, ``while``, ``cond`` bodies) are not replaced.
+golden VJP's jaxpr, for the backward pass. It runs on peat_jax's one jaxpr
+interpreter (:mod:`peat_jax.sites._interpreter`), so calls inside lax control
+flow (``scan``, ``while``, ``cond`` bodies) are replaced too.
 """
 
 import math
@@ -29,9 +30,9 @@ from typing import Any, Callable, Mapping
 
 import jax
 from jax import lax
-import jax.extend as jex
 import jax.numpy as jnp
 
+from peat_jax import sites as _sites
 from peat_jax.injectors import _formats as fm
 from peat_jax.injectors import _params as pp
 from peat_jax.injectors import _random as rnd
@@ -59,8 +60,6 @@ KERNEL_SPECS: dict[str, dict[str, pp.Param]] = {
 }
 
 _SUBSTITUTED = ("dot_general", "conv_general_dilated")
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat2", "checkpoint",
-          "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr")
 
 
 # ---------------------------------------------------------------------------
@@ -218,63 +217,43 @@ def kernel_for(name: str, params: Mapping[str, Any]) -> Callable:
 
 
 # ---------------------------------------------------------------------------
-# Jaxpr evaluation with dot_general/conv replaced.
-
-
-def _eval(jaxpr, consts, args, kernel, key, counter):
-  env = {}
-
-  def read(v):
-    return v.val if isinstance(v, jex.core.Literal) else env[v]
-
-  for v, c in zip(jaxpr.constvars, consts):
-    env[v] = c
-  for v, a in zip(jaxpr.invars, args):
-    env[v] = a
-  for eqn in jaxpr.eqns:
-    invals = [read(v) for v in eqn.invars]
-    prim = eqn.primitive.name
-    sub = None
-    if prim in _CALLS:
-      sub = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-    out_dtype = eqn.outvars[0].aval.dtype if eqn.outvars else None
-    if (prim in _SUBSTITUTED and jnp.issubdtype(out_dtype, jnp.floating)
-        and jnp.issubdtype(invals[0].dtype, jnp.floating)):
-      k = rnd.derive(key, counter[0])
-      counter[0] += 1
-      outvals = [kernel(prim, invals[0], invals[1], eqn.params, out_dtype, k)]
-    elif sub is not None and isinstance(sub, (jex.core.ClosedJaxpr,
-                                              jex.core.Jaxpr)):
-      if isinstance(sub, jex.core.ClosedJaxpr):
-        outvals = _eval(sub.jaxpr, sub.consts, invals, kernel, key, counter)
-      else:
-        outvals = _eval(sub, [], invals, kernel, key, counter)
-    else:
-      outvals = eqn.primitive.bind(*invals, **eqn.params)
-      if not eqn.primitive.multiple_results:
-        outvals = [outvals]
-    for v, val in zip(eqn.outvars, outvals):
-      env[v] = val
-  return [read(v) for v in jaxpr.outvars]
+# The golden function with its dot_general/conv calls replaced.
 
 
 def emulate(fn: Callable, kernel: Callable, key: jax.Array) -> Callable:
   """Returns ``fn`` with its floating dot_general/conv calls re-computed.
 
+  Runs on peat_jax's one jaxpr interpreter (:func:`peat_jax.sites.interpret`),
+  so calls inside nested ``jit``, custom-derivative calls, ``remat``,
+  ``scan``, ``cond`` and ``while`` bodies are re-computed too.
+
   Args:
     fn: a function of arrays (any pytree in and out).
     kernel: ``kernel(prim, lhs, rhs, params, out_dtype, key) -> out``.
-    key: PRNG key; the i-th replaced call gets ``derive(key, i)``.
+    key: PRNG key; the i-th replaced call in program order gets
+      ``derive(key, i)``, folded with the iteration index of each enclosing
+      ``scan`` (``derive(derive(key, i), iteration)``), so every iteration
+      draws its own order (``nondeterminism``).
 
   Returns:
     A function with ``fn``'s signature.
   """
 
   def wrapped(*args):
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
-    flat = jax.tree_util.tree_leaves(args)
-    outs = _eval(closed.jaxpr, closed.consts, flat, kernel, key, [0])
-    return jax.tree_util.tree_unflatten(
-        jax.tree_util.tree_structure(out_shape), outs)
+    ordinals: dict[tuple, int] = {}
+
+    def at(eqn, invals, addr, loop_indices):
+      prim = eqn.primitive.name
+      out_dtype = eqn.outvars[0].aval.dtype if eqn.outvars else None
+      if not (prim in _SUBSTITUTED and jnp.issubdtype(out_dtype, jnp.floating)
+              and jnp.issubdtype(invals[0].dtype, jnp.floating)):
+        return None
+      # One ordinal per call site, stable when a cond branch is traced twice.
+      k = rnd.derive(key, ordinals.setdefault(addr, len(ordinals)))
+      for idx in loop_indices:
+        k = rnd.derive(k, idx)
+      return [kernel(prim, invals[0], invals[1], eqn.params, out_dtype, k)]
+
+    return _sites.interpret(fn, at)(*args)
 
   return wrapped

@@ -5,8 +5,9 @@ Private modules: ``_discovery`` (tracing, walking the jaxpr, stable site
 names, selection), ``_composite`` (the ``@peat.composite`` marker of
 composite kernels), ``_schedules`` (when a KUT runs: every call, every n-th
 step, a seeded fraction), ``_substitution`` (a KUT in place of the golden
-kernel at selected sites, and taps of both on identical inputs, evaluated
-by the one jaxpr interpreter of peat_jax).
+kernel at selected sites, and taps of both on identical inputs) and
+``_interpreter`` (the one jaxpr interpreter of peat_jax, which both
+substitution and the computation injectors run on).
 """
 
 from peat_jax.sites._composite import composite as composite
@@ -22,6 +23,8 @@ from peat_jax.sites._discovery import site_regex as site_regex
 from peat_jax.sites._discovery import sub_jaxprs as sub_jaxprs
 from peat_jax.sites._discovery import trace as trace
 from peat_jax.sites._discovery import walk as walk
+from peat_jax.sites._interpreter import Visitor as Visitor
+from peat_jax.sites._interpreter import interpret as interpret
 from peat_jax.sites._schedules import EveryCall as EveryCall
 from peat_jax.sites._schedules import EveryNSteps as EveryNSteps
 from peat_jax.sites._schedules import Fraction as Fraction

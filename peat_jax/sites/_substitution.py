@@ -29,18 +29,17 @@ unknown), and any other construct (e.g. ``shard_map``) raises
 :class:`PeatError` naming the construct and the site.
 """
 
-import dataclasses
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax._src import source_info_util
-from jax.extend import core as jex_core
 
 from peat_jax.sites import _composite as _composite
 from peat_jax.sites import _discovery as _sites
 from peat_jax.core import PeatError
+from peat_jax.sites._interpreter import (
+    Visitor, bind, evaluate, evaluate_container)
 from peat_jax.sites._schedules import EveryCall
 from peat_jax.sites._schedules import _check_schedule
 
@@ -170,60 +169,35 @@ def _resolve(sites: _sites.SiteTable, subs: Sequence[Substitution], tap: bool) -
 
 
 # ---------------------------------------------------------------------------
-# The interpreter
+# The visitor of the interpreter (peat_jax.sites._interpreter)
 
 
-@dataclasses.dataclass
-class _Runtime:
-  actions: dict
-  containing: set
-  step: Any
-  continue_with: str
-  loop_indices: list
+class _Runtime(Visitor):
+  """Substitution and taps: the KUT at the selected sites' addresses."""
 
+  def __init__(self, actions: dict, containing: set, step: Any,
+               continue_with: str):
+    super().__init__()
+    self.actions = actions
+    self.containing = containing
+    self.step = step
+    self.continue_with = continue_with
 
-def _bind(eqn, invals):
-  params = eqn.primitive.get_bind_params(eqn.params)
-  out = eqn.primitive.bind(*invals, **params)
-  return list(out) if eqn.primitive.multiple_results else [out]
+  def at(self, eqn, invals, addr):
+    if addr in self.actions:
+      return _apply_site(eqn, invals, addr, self.actions[addr], self)
+    return None
 
-
-def _eval(jaxpr, consts, args, prefix: tuple, rt: _Runtime):
-  """Evaluates ``jaxpr``; returns ``(outs, taps)``."""
-  env: dict = {}
-
-  def read(v):
-    return v.val if isinstance(v, jex_core.Literal) else env[v]
-
-  for v, x in zip(jaxpr.constvars, consts):
-    env[v] = x
-  for v, x in zip(jaxpr.invars, args):
-    env[v] = x
-  taps: dict = {}
-  for i, eqn in enumerate(jaxpr.eqns):
-    addr = prefix + (i,)
-    invals = [read(v) for v in eqn.invars]
-    name_stack = source_info_util.current_name_stack() + eqn.source_info.name_stack
-    with source_info_util.user_context(eqn.source_info.traceback, name_stack=name_stack), \
-        eqn.ctx.manager:
-      if addr in rt.actions:
-        outs, t = _apply_site(eqn, invals, addr, rt.actions[addr], rt)
-      elif addr in rt.containing:
-        outs, t = _eval_container(eqn, invals, addr, rt)
-      else:
-        outs, t = _bind(eqn, invals), {}
-    taps.update(t)
-    for v, x in zip(eqn.outvars, outs):
-      if not isinstance(v, jex_core.DropVar):
-        env[v] = x
-  return [read(v) for v in jaxpr.outvars], taps
+  def enters(self, eqn, addr):
+    del eqn
+    return addr in self.containing
 
 
 def _kut_fn(eqn, action: _Action):
   """Returns ``f(*invals) -> list of outputs`` for the KUT at a site."""
   kut = action.kut
   if kut == GOLDEN:
-    return lambda *a: _bind(eqn, a)
+    return lambda *a: bind(eqn, a)
   site = action.site
   if site.composite:
     _, is_bwd, call = _composite.lookup(eqn.params["name"])
@@ -268,11 +242,11 @@ def _one(xs):
 
 def _apply_site(eqn, invals, addr, action: _Action, rt: _Runtime):
   site = action.site
-  golden = lambda *a: _bind(eqn, a)
+  golden = lambda *a: bind(eqn, a)
   kut = None if action.kut is None else _checked(_kut_fn(eqn, action), eqn, site)
   if action.tap:
     if addr in rt.containing:  # sites inside this composite are tapped too
-      g, taps = _eval_container(eqn, invals, addr, rt)
+      g, taps = evaluate_container(eqn, invals, addr, rt)
     else:
       g, taps = golden(*invals), {}
     k = kut(*invals) if kut is not None else None
@@ -281,99 +255,11 @@ def _apply_site(eqn, invals, addr, action: _Action, rt: _Runtime):
     return out, taps
   if action.kut == GOLDEN and addr in rt.containing:
     # A golden composite with selected sites inside: evaluate its body.
-    kut = lambda *a: _eval_container(eqn, list(a), addr, rt)[0]
+    kut = lambda *a: evaluate_container(eqn, list(a), addr, rt)[0]
   active = action.schedule.active(rt.step, site.name, tuple(rt.loop_indices))
   if active is True:
     return kut(*invals), {}
   return lax.cond(active, lambda a: kut(*a), lambda a: golden(*a), list(invals)), {}
-
-
-def _eval_container(eqn, invals, addr, rt: _Runtime):
-  name = eqn.primitive.name
-  label = _sites.construct_label(eqn)
-  p = eqn.params
-  if label == "jit":
-    inner = p["jaxpr"]
-
-    def f(*a):
-      return _eval(inner.jaxpr, inner.consts, a, addr + (0,), rt)
-
-    f.__name__ = p.get("name", "jit")
-    f.__qualname__ = f.__name__
-    outs, taps = jax.jit(f)(*invals)
-    return list(outs), taps
-  if label in ("custom_jvp", "custom_vjp"):
-    inner = p["call_jaxpr"]
-    return _eval(inner.jaxpr, inner.consts, invals, addr + (0,), rt)
-  if label == "remat":
-    inner = p["jaxpr"]
-
-    def g(*a):
-      return _eval(inner, (), a, addr + (0,), rt)
-
-    outs, taps = jax.checkpoint(g, prevent_cse=p["prevent_cse"], policy=p["policy"])(*invals)
-    return list(outs), taps
-  if label == "scan":
-    body = p["jaxpr"]
-    nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
-    consts, init, xs = invals[:nc], invals[nc:nc + nk], invals[nc + nk:]
-
-    def step(carry, x):
-      xs_i, idx = x
-      rt.loop_indices.append(idx)
-      try:
-        outs, taps = _eval(body.jaxpr, body.consts, [*consts, *carry, *xs_i], addr + (0,), rt)
-      finally:
-        rt.loop_indices.pop()
-      return outs[:nk], (outs[nk:], taps)
-
-    carry, (ys, taps) = lax.scan(
-        step, list(init), (list(xs), jnp.arange(length, dtype=jnp.int32)),
-        length=length, reverse=p["reverse"], unroll=p["unroll"],
-    )
-    return [*carry, *ys], taps
-  if label == "cond":
-    index, ops = invals[0], invals[1:]
-    branches = p["branches"]
-
-    def branch_fn(b):
-      br = branches[b]
-      return lambda *o: _eval(br.jaxpr, br.consts, o, addr + (b,), rt)
-
-    shapes = [jax.eval_shape(branch_fn(b), *ops)[1] for b in range(len(branches))]
-    union: dict = {}
-    for s in shapes:
-      union.update(s)
-
-    def padded(b):
-      fb = branch_fn(b)
-
-      def run(*o):
-        outs, taps = fb(*o)
-        full = {k: taps[k] if k in taps else jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), v)
-                for k, v in union.items()}
-        return outs, full
-
-      return run
-
-    outs, taps = lax.switch(index, [padded(b) for b in range(len(branches))], *ops)
-    return list(outs), taps
-  if label == "while":
-    cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    cconsts, bconsts, init = invals[:cn], invals[cn:cn + bn], invals[cn + bn:]
-
-    def cond_fn(c):
-      return _eval(cj.jaxpr, cj.consts, [*cconsts, *c], addr + (0,), rt)[0][0]
-
-    def body_fn(c):
-      return _eval(bj.jaxpr, bj.consts, [*bconsts, *c], addr + (1,), rt)[0]
-
-    return list(lax.while_loop(cond_fn, body_fn, list(init))), {}
-  raise PeatError(
-      f"cannot substitute inside a `{name}` equation at address {addr}; supported constructs: "
-      f"{sorted(_sites.SUPPORTED_CONSTRUCTS)}."
-  )
 
 
 def _default_counter(*args):
@@ -405,9 +291,9 @@ def _build(fn, subs, tap: bool, continue_with: str, counter, include_structural:
     actions = _resolve(sites, subs, tap)
     containing = {a[:k] for a in actions for k in range(1, len(a), 2)}
     step = (counter or _default_counter)(*args) if needs_step else None
-    rt = _Runtime(actions, containing, step, continue_with, [])
+    rt = _Runtime(actions, containing, step, continue_with)
     flat = jax.tree.leaves(args)
-    outs, taps = _eval(closed.jaxpr, closed.consts, flat, (), rt)
+    outs, taps = evaluate(closed.jaxpr, closed.consts, flat, (), rt)
     out = jax.tree.unflatten(jax.tree.structure(out_shape), outs)
     return out, taps
 

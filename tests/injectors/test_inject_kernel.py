@@ -207,9 +207,6 @@ def _in_cond(h, ws):
                   lambda c: c @ ws[0], h)
 
 
-@pytest.mark.xfail(strict=True, reason="the computation injectors' own jaxpr "
-                   "interpreter leaves dots inside scan/while/cond golden "
-                   "(fixed in the next commit: one interpreter)")
 @pytest.mark.parametrize("construct", [_in_scan, _in_while, _in_cond])
 @pytest.mark.parametrize("name,params", [
     ("accumulation:bf16", {"chunk": 4}),
