@@ -41,7 +41,6 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.kernels import kut as _kut
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None,
@@ -66,7 +65,7 @@ _PHASE = flags.DEFINE_list(
 _TASK = _cli.define_task_flags(FLAGS, "Model playback: the golden run's")
 
 
-def _model(directory: str, steps) -> tuple[list, list, list]:
+def _model(directory: str, steps, kut) -> tuple[list, list, list]:
   task = _TASK.task(directory)
   golden = os.path.join(directory, "golden")
   if steps is None:
@@ -75,20 +74,20 @@ def _model(directory: str, steps) -> tuple[list, list, list]:
   else:
     n = len(steps)
   result = peat.playback(
-      task, golden, _KUT.value, campaign_dir=directory, steps=steps,
+      task, golden, kut, campaign_dir=directory, steps=steps,
       select=_SELECT.value,
       progress=_cli.Eta(n, prefixes=("playback step",)))
   return result.records, result.sites, result.effects
 
 
-def _ops(directory: str, steps) -> tuple[list, list, list]:
+def _ops(directory: str, steps, kut) -> tuple[list, list, list]:
   cdir = peat.profiler.captures_dir_of(directory)
   phase = tuple(_PHASE.value) or None
   n = len(peat.profiler.select_entries(
-      peat.profiler.read_index(cdir), _KUT.value, select=_SELECT.value,
+      peat.profiler.read_index(cdir), kut, select=_SELECT.value,
       phase=phase, steps=steps))
   result = peat.playback_ops(
-      directory, _KUT.value, select=_SELECT.value, phase=phase, steps=steps,
+      directory, kut, select=_SELECT.value, phase=phase, steps=steps,
       campaign_dir=directory, progress=_cli.Eta(n, prefixes=("op ",)))
   return result.records, result.sites, []
 
@@ -103,10 +102,10 @@ def main(argv: list[str]) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   try:
-    _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
+    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
     with peat.profiler.campaign_lock(directory):
-      records, sites, effects = (_ops if _OPS.value else _model)(directory,
-                                                                 steps)
+      records, sites, effects = (_ops if _OPS.value else _model)(
+          directory, steps, kut)
     data = peat.report.report_data(
         kut=_KUT.value, scenario=_TASK.scenario.value if not _OPS.value
         else "captured inputs", records=records, sites=sites,

@@ -35,7 +35,6 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax.kernels import kut as _kut
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory holding golden/. Required.",
@@ -89,13 +88,13 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 2
   try:
-    _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
+    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
     for f in _FREQUENCIES.value:
       peat.profiler.parse_frequency(f)
     task = _TASK.task(directory)
     with peat.profiler.campaign_lock(directory):
       result = peat.runtime(
-          task, os.path.join(directory, "golden"), _KUT.value,
+          task, os.path.join(directory, "golden"), kut,
           frequencies=tuple(_FREQUENCIES.value), steps=_STEPS.value,
           start_step=_START.value, seeds=seeds, campaign_dir=directory,
           select=_SELECT.value,

@@ -41,7 +41,6 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from peat_jax import models  # pylint: disable=g-import-not-at-top,wrong-import-position
-from peat_jax.kernels import kut as _kut  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory holding golden/ (shared by all "
@@ -93,7 +92,7 @@ def _task(directory: str):
   return _TASK.task(directory)
 
 
-def _playback(task, directory: str, steps) -> None:
+def _playback(task, directory: str, steps, kut) -> None:
   me = _PROCESS_ID.value
   tag = f"[process {me}] " if _NUM_PROCESSES.value > 1 else ""
 
@@ -101,7 +100,7 @@ def _playback(task, directory: str, steps) -> None:
     print(tag + line, flush=True)
 
   result = peat.sharded_playback(
-      task, os.path.join(directory, "golden"), _KUT.value,
+      task, os.path.join(directory, "golden"), kut,
       devices=_DEVICES.value, campaign_dir=directory, steps=steps,
       select=_SELECT.value, progress=say)
   if me != 0:
@@ -122,9 +121,9 @@ def _playback(task, directory: str, steps) -> None:
   print(f"records: {os.path.join(directory, peat.profiler.PLAYBACK_FILE)}")
 
 
-def _runtime(task, directory: str) -> None:
+def _runtime(task, directory: str, kut) -> None:
   result = peat.data_parallel_runtime(
-      task, os.path.join(directory, "golden"), _KUT.value,
+      task, os.path.join(directory, "golden"), kut,
       devices=_DEVICES.value, frequencies=tuple(_FREQUENCIES.value),
       steps=_RUNTIME_STEPS.value, start_step=_START_STEP.value,
       campaign_dir=directory, select=_SELECT.value, progress=print)
@@ -134,11 +133,11 @@ def _runtime(task, directory: str) -> None:
   print(f"records: {os.path.join(directory, peat.profiler.RUNTIME_DP_FILE)}")
 
 
-def _work(task, directory: str, steps) -> None:
+def _work(task, directory: str, steps, kut) -> None:
   if _MODE.value == "playback":
-    _playback(task, directory, steps)
+    _playback(task, directory, steps, kut)
   else:
-    _runtime(task, directory)
+    _runtime(task, directory, kut)
 
 
 def main(argv: list[str]) -> int:
@@ -152,7 +151,7 @@ def main(argv: list[str]) -> int:
     return 2
   many = _NUM_PROCESSES.value > 1
   try:
-    _kut.parse_kut(_KUT.value)  # a bad spec fails before any work
+    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
     if many and _MODE.value == "runtime":
       raise peat.PeatError(
           "--mode=runtime trains data-parallel on one process's devices; "
@@ -163,10 +162,10 @@ def main(argv: list[str]) -> int:
           _NUM_PROCESSES.value, _PROCESS_ID.value)
     task = _task(directory)
     if many:  # the processes share the directory; process 0 alone writes it
-      _work(task, directory, steps)
+      _work(task, directory, steps, kut)
     else:
       with peat.profiler.campaign_lock(directory):
-        _work(task, directory, steps)
+        _work(task, directory, steps, kut)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -39,7 +39,7 @@ from peat_jax.sites import GOLDEN
 from peat_jax.sites import Substitution
 from peat_jax.kernels import _variants
 
-__all__ = ["KutSpec", "broken_adapter", "dot_general_adapter",
+__all__ = ["KutSpec", "as_spec", "broken_adapter", "dot_general_adapter",
            "conv_adapter", "is_broken", "known_specs", "parse_kut",
            "register_kut", "resolve_kut"]
 
@@ -164,6 +164,19 @@ def parse_kut(spec: str) -> KutSpec:
   return KutSpec(spec, "native", kernel, variant, tile, _SITE_KERNEL[kernel])
 
 
+def as_spec(spec: "str | KutSpec") -> KutSpec:
+  """A parsed spec: ``spec`` itself when it is a :class:`KutSpec`.
+
+  A spec string is parsed once, where it enters peat_jax (``validate``,
+  ``playback``, ``runtime``, the tools); everything after it passes the
+  :class:`KutSpec` on.
+
+  Raises:
+    PeatError: as :func:`parse_kut`.
+  """
+  return spec if isinstance(spec, KutSpec) else parse_kut(spec)
+
+
 # ------------------------------------------------------------- adapters
 
 
@@ -281,7 +294,7 @@ def _composite_adapter(fn: Callable, variant: str, tile: int | None,
 
 def is_broken(spec: str | KutSpec) -> bool:
   """Whether a spec names a deliberately broken native kernel."""
-  s = spec if isinstance(spec, KutSpec) else parse_kut(spec)
+  s = as_spec(spec)
   return s.source == "native" and s.variant in _variants.BROKEN_MODES
 
 
@@ -326,7 +339,7 @@ def broken_adapter(lhs: jax.Array, rhs: jax.Array, *, kernel: str,
 
 def kut_callable(spec: str | KutSpec, site: str = "?") -> Any:
   """The callable (or GOLDEN) of a spec, with the site kernel's signature."""
-  s = spec if isinstance(spec, KutSpec) else parse_kut(spec)
+  s = as_spec(spec)
   if s.source == "golden":
     return GOLDEN
   if s.source == "custom":
@@ -345,13 +358,14 @@ def kut_callable(spec: str | KutSpec, site: str = "?") -> Any:
                             s.kernel)
 
 
-def resolve_kut(spec: str, *, pattern: str | None = None,
+def resolve_kut(spec: "str | KutSpec", *, pattern: str | None = None,
                 sites: Sequence[str] | None = None,
                 backward: str = "golden") -> list[Substitution]:
   """Turns a KUT spec into the substitutions that run it.
 
   Args:
-    spec: a spec string (module docstring; :func:`known_specs`).
+    spec: a spec string (module docstring; :func:`known_specs`) or a
+      parsed :class:`KutSpec`.
     pattern: optional ``fnmatch`` glob narrowing the sites.
     sites: optional explicit site names.
     backward: ``"golden"`` (default) or ``"kut"`` for the backward sites.
@@ -363,7 +377,7 @@ def resolve_kut(spec: str, *, pattern: str | None = None,
   Raises:
     PeatError: unknown spec.
   """
-  s = parse_kut(spec)
+  s = as_spec(spec)
   return [Substitution(kut_callable(s), kernel=s.site_kernel, phase="fwd",
                        pattern=pattern,
                        sites=None if sites is None else tuple(sites),

@@ -163,7 +163,8 @@ def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,
   return bool(isolate)
 
 
-def validate(task: TrainTask | TaskFactory, kut_spec: str,
+def validate(task: TrainTask | TaskFactory,
+             kut_spec: "str | _kut.KutSpec",
              campaign_dir: str | os.PathLike,
              *, steps: int | None = None, checkpoint_every: int | None = None,
              frequencies: Sequence[str] = ("every", "every_4",
@@ -188,7 +189,9 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
     task: the model scenario: a :class:`peat_jax.TrainTask`, or a
       :class:`TaskFactory` that builds it (needed for isolation, since a
       worker process rebuilds the task).
-    kut_spec: the KUT spec (``peat_jax.kernels.kut``).
+    kut_spec: the KUT spec (``peat_jax.kernels.kut``), a string or a
+      parsed :class:`peat_jax.kernels.KutSpec`; parsed here, once, and
+      passed on parsed.
     campaign_dir: the campaign directory (created; resumable).
     steps: golden training steps (task default when None).
     checkpoint_every: checkpoint interval (task default when None).
@@ -219,7 +222,8 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
   say = progress or (lambda s: None)
   directory = os.path.abspath(os.fspath(campaign_dir))
   factory = task if isinstance(task, TaskFactory) else None
-  spec = _kut.parse_kut(kut_spec)
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec  # the records' and the report's key
   isolated = _use_isolation(isolate, spec, factory, say)
   if factory is not None:
     task = factory.build()
@@ -252,22 +256,22 @@ def validate(task: TrainTask | TaskFactory, kut_spec: str,
     say(f"[2/4] playback FI of {kut_spec} at {len(g.steps) - 1} "
         f"checkpoints{iso}")
     if isolated:
-      _isolated.isolated_playback(factory, g.workdir, kut_spec,
+      _isolated.isolated_playback(factory, g.workdir, spec,
                                       campaign_dir=directory, select=select,
                                       progress=say, **limits)
     else:
-      playback(task, g.workdir, kut_spec, campaign_dir=directory,
+      playback(task, g.workdir, spec, campaign_dir=directory,
                     select=select, progress=say)
     if frequencies:
       say(f"[3/4] runtime FI: {', '.join(frequencies)}, {runtime_steps} "
           f"steps{iso}")
       if isolated:
         _isolated.isolated_runtime(
-            factory, g.workdir, kut_spec, frequencies=frequencies,
+            factory, g.workdir, spec, frequencies=frequencies,
             steps=runtime_steps, campaign_dir=directory, select=select,
             progress=say, **limits)
       else:
-        runtime(task, g.workdir, kut_spec, frequencies=frequencies,
+        runtime(task, g.workdir, spec, frequencies=frequencies,
                      steps=runtime_steps, campaign_dir=directory,
                      select=select, progress=say)
     say("[4/4] verdict and report")

@@ -167,7 +167,7 @@ def shard_kut(kut: Callable, kernel: str, mesh: Mesh) -> Callable:
 
 
 def data_parallel_substitution(task: TrainTask, state, batch,
-                               kut_spec: str, mesh: Mesh,
+                               kut_spec: "str | _kut.KutSpec", mesh: Mesh,
                                select: str | Sequence[str] | None = None
                                ) -> _sites.Substitution:
   """The runtime-FI substitution of a spec, its KUT wrapped by :func:`shard_kut`.
@@ -187,11 +187,12 @@ def data_parallel_substitution(task: TrainTask, state, batch,
   Raises:
     PeatError: unknown spec, no selected site, no sharding rule.
   """
-  chosen, _ = select_calls(task, state, batch, kut_spec, select)
+  spec = _kut.as_spec(kut_spec)
+  chosen, _ = select_calls(task, state, batch, spec, select)
   names = tuple(c.site.name for c in chosen)
   kut = chosen[0].sub.kut
   if kut != _sites.GOLDEN:
-    kut = shard_kut(kut, _kut.parse_kut(kut_spec).site_kernel, mesh)
+    kut = shard_kut(kut, spec.site_kernel, mesh)
   return _sites.Substitution(kut, sites=names,
                                    backward=chosen[0].sub.backward)
 
@@ -204,7 +205,7 @@ def _dp_step(fn: Callable, mesh: Mesh) -> Callable:
 
 
 def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
-                          kut_spec: str, *,
+                          kut_spec: "str | _kut.KutSpec", *,
                           devices: int | Sequence[Any] | None = None,
                           frequencies: Sequence[str] = ("every", "every_4",
                                                         "fraction_0.25"),
@@ -262,6 +263,8 @@ def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
   os.makedirs(campaign_dir, exist_ok=True)
   path = os.path.join(campaign_dir, RUNTIME_DP_FILE)
   scheds = [(f, *_runtime.parse_frequency(f)) for f in frequencies]
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec  # the records' key
   for leaf in jax.tree.leaves(task.batch_at(0)):
     _check_divisible(f"batch leaf {np.shape(leaf)}", np.shape(leaf)[0], n)
   old = [r for r in read_records(path) if r.get("kut") == kut_spec
@@ -284,7 +287,7 @@ def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
   def kut_step(sched):
     if not subs:
       subs.append(data_parallel_substitution(
-          task, state0, batch_at(int(state0.data_position)), kut_spec, mesh,
+          task, state0, batch_at(int(state0.data_position)), spec, mesh,
           select))
     return _dp_step(_sites.substitute(
         task.step_fn, subs[0]._replace(schedule=sched)), mesh)

@@ -21,6 +21,7 @@ from peat_jax.profiler import _runtime as _runtime
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import (
     RUNTIME_FILE, append_records, read_records, rewrite_records)
+from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import _player
 from peat_jax.profiler._isolate import (
     CRASH_FILE, Death, Limits, MEMORY_LIMIT_MB, STARTUP_S, TIMEOUT_S,
@@ -85,10 +86,10 @@ def _register_builtin(kut_spec: str) -> None:
 # --------------------------------------------------------------- playback
 
 
-def play_steps(factory: tuple, ckpt: str, kut_spec: str, select: Any,
+def play_steps(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, select: Any,
                steps: Sequence[int]) -> Iterator[tuple]:
   """Worker job: the records of each step, by a :class:`Player`."""
-  _register_builtin(kut_spec)
+  _register_builtin(kut_spec.spec)
   task = TaskFactory(*factory).build()
   player = None
   with _golden.StateReader(ckpt, task) as reader:
@@ -105,15 +106,15 @@ def play_steps(factory: tuple, ckpt: str, kut_spec: str, select: Any,
       yield ("done", s, player.play(s, state))
 
 
-def _attribute(factory: tuple, ckpt: str, kut_spec: str, step: int,
+def _attribute(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, step: int,
                sites: Sequence[str] | None, death: Death, limits: Limits,
                say: Callable[[str], None]) -> list[dict]:
   """Findings of a crashed step: one site at a time in fresh workers."""
   if not sites:
-    return [finding_record(death, kut_spec, "playback", step=step,
+    return [finding_record(death, kut_spec.spec, "playback", step=step,
                            note=" (before the sites were known)")]
   if len(sites) == 1:
-    return [finding_record(death, kut_spec, "playback", step=step,
+    return [finding_record(death, kut_spec.spec, "playback", step=step,
                            site=sites[0])]
   out = []
   for name in sites:
@@ -125,18 +126,18 @@ def _attribute(factory: tuple, ckpt: str, kut_spec: str, step: int,
       for _ in events:
         pass
     if w.death is not None:
-      out.append(finding_record(w.death, kut_spec, "playback", step=step,
+      out.append(finding_record(w.death, kut_spec.spec, "playback", step=step,
                                 site=name))
   if not out:
     out = [finding_record(
-        death, kut_spec, "playback", step=step,
+        death, kut_spec.spec, "playback", step=step,
         note=f"; no selected site alone reproduces it (of {len(sites)}: it "
         "needs several together)")]
   return out
 
 
 def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
-                      kut_spec: str, *,
+                      kut_spec: "str | _kut.KutSpec", *,
                       campaign_dir: str | os.PathLike | None = None,
                       steps: Sequence[int] | None = None,
                       select: str | Sequence[str] | None = None,
@@ -157,7 +158,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
   Args:
     factory: rebuilds the golden run's task in a worker.
     golden_dir: the golden run's workdir (or its checkpoint directory).
-    kut_spec: the KUT spec.
+    kut_spec: the KUT spec (string or parsed; workers get it parsed).
     campaign_dir: where the record files go (default: ``golden_dir``'s
       parent).
     steps: checkpoint steps (default: all saved but the last).
@@ -177,6 +178,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
   """
   say = progress or (lambda s: None)
   fac = _factory_tuple(factory)
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec  # the records' key
   limits = Limits(timeout_s, startup_s, memory_limit_mb)
   ckpt, path, steps, todo = _playback.playback_plan(golden_dir, kut_spec,
                                                     campaign_dir, steps)
@@ -188,7 +191,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
   sites = None
   while todo:
     w = Worker(__name__, "play_steps",
-               dict(factory=fac, ckpt=ckpt, kut_spec=kut_spec, select=select,
+               dict(factory=fac, ckpt=ckpt, kut_spec=spec, select=select,
                     steps=list(todo)), limits, what="step")
     t0 = time.perf_counter()
     with contextlib.closing(w.events()) as events:
@@ -213,7 +216,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
       raise PeatError(f"the playback worker died before playing a step: "
                       f"{w.death.message}")
     say(f"playback step {s}: {w.death.kind} ({w.death.message})")
-    found = _attribute(fac, ckpt, kut_spec, s, sites, w.death, limits, say)
+    found = _attribute(fac, ckpt, spec, s, sites, w.death, limits, say)
     append_records(crash_path, found)
     say(f"playback step {s}: recorded {len(found)} {w.death.kind} "
         f"finding(s): " + ", ".join(str(f["site"]) for f in found))
@@ -229,12 +232,12 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
 # ---------------------------------------------------------------- runtime
 
 
-def run_frequencies(factory: tuple, golden_dir: str, kut_spec: str,
+def run_frequencies(factory: tuple, golden_dir: str, kut_spec: _kut.KutSpec,
                     frequencies: Sequence[str], steps: int, start_step: int,
                     seeds: Sequence[int], select: Any,
                     tmp_dir: str) -> Iterator[tuple]:
   """Worker job: runtime FI one frequency at a time into ``tmp_dir``."""
-  _register_builtin(kut_spec)
+  _register_builtin(kut_spec.spec)
   task = TaskFactory(*factory).build()
   path = os.path.join(tmp_dir, RUNTIME_FILE)
   for f in frequencies:
@@ -250,7 +253,7 @@ def run_frequencies(factory: tuple, golden_dir: str, kut_spec: str,
 
 
 def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
-                     kut_spec: str, *,
+                     kut_spec: "str | _kut.KutSpec", *,
                      frequencies: Sequence[str] = ("every", "every_4",
                                                    "fraction_0.25"),
                      steps: int = 50, start_step: int = 0,
@@ -273,7 +276,7 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
   Args:
     factory: rebuilds the golden run's task in a worker.
     golden_dir: the golden run's workdir (or its checkpoint directory).
-    kut_spec: the KUT spec.
+    kut_spec: the KUT spec (string or parsed; workers get it parsed).
     frequencies: as for :func:`peat_jax.runtime`.
     steps: runtime FI steps.
     start_step: the golden checkpoint to start from.
@@ -294,6 +297,8 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
     PeatError: unknown frequency, or a worker error that is not a crash,
       hang or out-of-memory.
   """
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec  # the records' key
   say = progress or (lambda s: None)
   fac = _factory_tuple(factory)
   limits = Limits(timeout_s, startup_s, memory_limit_mb)
@@ -325,7 +330,7 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
       tmp = tempfile.mkdtemp(dir=scratch)
       rewrite_records(os.path.join(tmp, RUNTIME_FILE), list(byname.values()))
       w = Worker(__name__, "run_frequencies",
-                 dict(factory=fac, golden_dir=golden_dir, kut_spec=kut_spec,
+                 dict(factory=fac, golden_dir=golden_dir, kut_spec=spec,
                       frequencies=list(remaining), steps=steps,
                       start_step=start_step, seeds=list(seeds), select=select,
                       tmp_dir=tmp), limits, what="frequency")
@@ -367,14 +372,13 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
 # ------------------------------------------------------------ one kernel
 
 
-def _probe(kut_spec: str) -> Iterator[tuple]:
+def _probe(kut_spec: _kut.KutSpec) -> Iterator[tuple]:
   """Worker job: the KUT once on small seeded inputs of its site kernel."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from jax import lax  # pylint: disable=g-import-not-at-top
-  from peat_jax.kernels import kut as _kut  # pylint: disable=g-import-not-at-top
-  _register_builtin(kut_spec)
-  spec = _kut.parse_kut(kut_spec)
+  _register_builtin(kut_spec.spec)
+  spec = kut_spec
   fn = _kut.kut_callable(spec)
   k1, k2 = jax.random.split(jax.random.PRNGKey(0))
   if spec.site_kernel == "dot_general":
@@ -396,14 +400,14 @@ def _probe(kut_spec: str) -> Iterator[tuple]:
     args = (x, w)
   else:
     raise PeatError(f"check_kut runs dot_general and conv_general_dilated "
-                    f"KUTs; {kut_spec!r} replaces {spec.site_kernel!r}")
+                    f"KUTs; {spec.spec!r} replaces {spec.site_kernel!r}")
   compiled = f.lower(*args).compile()
   yield ("warm",)
-  yield ("start", kut_spec)
-  yield ("done", kut_spec, float(jnp.sum(compiled(*args))))
+  yield ("start", spec.spec)
+  yield ("done", spec.spec, float(jnp.sum(compiled(*args))))
 
 
-def check_kut(kut_spec: str, *, timeout_s: float = 60.0,
+def check_kut(kut_spec: "str | _kut.KutSpec", *, timeout_s: float = 60.0,
               startup_s: float = 120.0,
               memory_limit_mb: int | None = 2048) -> dict | None:
   """Runs a KUT once on small inputs in a worker: does it crash or hang?
@@ -423,13 +427,12 @@ def check_kut(kut_spec: str, *, timeout_s: float = 60.0,
   Raises:
     PeatError: unknown spec or a KUT of another kernel.
   """
-  from peat_jax.kernels import kut as _kut  # pylint: disable=g-import-not-at-top
-  _kut.parse_kut(kut_spec)
-  w = Worker(__name__, "_probe", {"kut_spec": kut_spec},
+  spec = _kut.as_spec(kut_spec)
+  w = Worker(__name__, "_probe", {"kut_spec": spec},
              Limits(timeout_s, startup_s, memory_limit_mb), what="call of")
   with contextlib.closing(w.events()) as events:
     for _ in events:
       pass
   if w.death is None:
     return None
-  return finding_record(w.death, kut_spec, "check")
+  return finding_record(w.death, spec.spec, "check")

@@ -55,7 +55,7 @@ class Monitor:
       ``state.step``.
   """
 
-  def __init__(self, step_fn: Callable, kut_spec: str,
+  def __init__(self, step_fn: Callable, kut_spec: "str | _kut.KutSpec",
                directory: str | os.PathLike, *,
                schedule: Any = _sites.EveryCall(),
                record_every: int = 10,
@@ -65,8 +65,9 @@ class Monitor:
       raise PeatError(f"record_every must be an int >= 1, got "
                       f"{record_every!r}")
     self._step_fn = step_fn
-    self._spec = kut_spec
-    self._subs = _kut.resolve_kut(kut_spec)  # validates the spec now
+    parsed = _kut.as_spec(kut_spec)  # validates the spec now
+    self._spec = parsed.spec
+    self._subs = _kut.resolve_kut(parsed)
     self._schedule = schedule
     self._every = record_every
     self._select = select

@@ -89,7 +89,7 @@ def _phases(phase) -> tuple | None:
   return (phase,) if isinstance(phase, str) else tuple(phase)
 
 
-def select_entries(index: dict, kut_spec: str, *,
+def select_entries(index: dict, kut_spec: "str | _kut.KutSpec", *,
                    select: str | Sequence[str] | None = None,
                    phase: str | Sequence[str] | None = "fwd",
                    steps: Sequence[int] | None = None) -> list[dict]:
@@ -98,7 +98,8 @@ def select_entries(index: dict, kut_spec: str, *,
   Raises:
     PeatError: no captured record matches, listing what was captured.
   """
-  spec = _kut.parse_kut(kut_spec)
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec
   phases = _phases(phase)
   out = []
   for e in index["records"]:
@@ -167,7 +168,7 @@ def _primitive(kernel: str):
   return p
 
 
-def _run_kut(kut_spec: str, site: _sites.Site, params: dict, inputs,
+def _run_kut(kut_spec: _kut.KutSpec, site: _sites.Site, params: dict, inputs,
              golden: Sequence[np.ndarray]) -> list:
   kut = _kut.recording(_kut.kut_callable(kut_spec, site.name), site.name,
                        site.kernel, site.composite, {})
@@ -176,12 +177,12 @@ def _run_kut(kut_spec: str, site: _sites.Site, params: dict, inputs,
       o.shape != g.shape or o.dtype != g.dtype for o, g in zip(outs, golden)):
     got = [f"{o.dtype}{list(o.shape)}" for o in outs]
     want = [f"{g.dtype}{list(g.shape)}" for g in golden]
-    raise PeatError(f"KUT {kut_spec!r} at site {site.name!r} returned {got}; "
+    raise PeatError(f"KUT {kut_spec.spec!r} at site {site.name!r} returned {got}; "
                     f"expected {want} like the golden kernel")
   return outs
 
 
-def op_record(entry: dict, arrays: dict, kut_spec: str) -> dict:
+def op_record(entry: dict, arrays: dict, kut_spec: "str | _kut.KutSpec") -> dict:
   """One op-level record of a captured (step, site) (module docstring).
 
   Args:
@@ -204,15 +205,16 @@ def op_record(entry: dict, arrays: dict, kut_spec: str) -> dict:
     frm = "rerun"
     same = all(np.asarray(a).tobytes() == np.asarray(b).tobytes()
                for a, b in zip(golden, captured))
-  test = _run_kut(kut_spec, site, params, inputs, golden)
+  spec = _kut.as_spec(kut_spec)
+  test = _run_kut(spec, site, params, inputs, golden)
   tap = _sites.Tap(tuple(inputs), _one(golden), _one(test))
-  rec = _site_records.site_record(site, params, tap, kut_spec, entry["step"])
+  rec = _site_records.site_record(site, params, tap, spec.spec, entry["step"])
   rec.update(source="ops", capture=entry["file"], golden_from=frm,
              golden_rerun_bit_equal=same)
   return rec
 
 
-def playback_ops(source: str | os.PathLike, kut_spec: str, *,
+def playback_ops(source: str | os.PathLike, kut_spec: "str | _kut.KutSpec", *,
                  select: str | Sequence[str] | None = None,
                  phase: str | Sequence[str] | None = "fwd",
                  steps: Sequence[int] | None = None,
@@ -247,7 +249,9 @@ def playback_ops(source: str | os.PathLike, kut_spec: str, *,
                                            os.path.dirname(cdir)))
   os.makedirs(campaign_dir, exist_ok=True)
   path = os.path.join(campaign_dir, OPS_FILE)
-  entries = select_entries(io.read_index(cdir), kut_spec, select=select,
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec  # the records' key
+  entries = select_entries(io.read_index(cdir), spec, select=select,
                            phase=phase, steps=steps)
   done = {(r["step"], r["site"]) for r in _records.read_records(path)
           if r.get("kind") == "site" and r.get("kut") == kut_spec}
@@ -257,7 +261,7 @@ def playback_ops(source: str | os.PathLike, kut_spec: str, *,
       say(f"{tag}: done before, skipped")
       continue
     t0 = time.perf_counter()
-    rec = op_record(e, io.load_record(cdir, e), kut_spec)
+    rec = op_record(e, io.load_record(cdir, e), spec)
     _records.append_records(path, [rec])
     d = rec["diagnosis"]
     say(f"{tag}: {d['model']} ({d['verdict']}), noise ratio "

@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from peat_jax import detector as _detector
+from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.core import PeatError
@@ -208,7 +209,8 @@ class _Prefetcher:
       self._reader.close()
 
 
-def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,
+def playback(task: TrainTask, golden_dir: str | os.PathLike,
+             kut_spec: "str | _kut.KutSpec",
              *, campaign_dir: str | os.PathLike | None = None,
              steps: Sequence[int] | None = None,
              select: str | Sequence[str] | None = None,
@@ -243,13 +245,14 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str,
     CheckpointError: a checkpoint that cannot be restored (raised when its
       turn comes; the steps before it are recorded).
   """
-  return playback_many(task, golden_dir, [kut_spec],
+  spec = _kut.as_spec(kut_spec)
+  return playback_many(task, golden_dir, [spec],
                        campaign_dir=campaign_dir, steps=steps, select=select,
-                       progress=progress, prefetch=prefetch)[kut_spec]
+                       progress=progress, prefetch=prefetch)[spec.spec]
 
 
 def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
-                  kut_specs: Sequence[str], *,
+                  kut_specs: "Sequence[str | _kut.KutSpec]", *,
                   campaign_dir: str | os.PathLike | None = None,
                   steps: Sequence[int] | None = None,
                   select: str | Sequence[str] | None = None,
@@ -279,7 +282,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
     PeatError: as :func:`playback`; no spec or a repeated spec.
     CheckpointError: as :func:`playback`.
   """
-  specs = _check_specs(kut_specs)
+  parsed = _check_specs(kut_specs)
+  specs = [s.spec for s in parsed]  # records and results are keyed by them
   if not isinstance(prefetch, int) or prefetch < 0:
     raise PeatError(f"prefetch must be an int >= 0 (checkpoints restored "
                     f"ahead); got {prefetch!r}")
@@ -297,7 +301,7 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
       t0 = time.perf_counter()
       s, state = loader.next()
       if group is None:
-        group = PlayerGroup(task, specs, state,
+        group = PlayerGroup(task, parsed, state,
                             task.batch_at(int(state.data_position)),
                             select=select)
       recs = group.play(s, state)

@@ -77,9 +77,11 @@ def update_rel_diff(params, gparams, kparams) -> float:
   return math.sqrt(num / den)
 
 
-def select_calls(task: TrainTask, state, batch, kut_spec: str,
+def select_calls(task: TrainTask, state, batch,
+                 kut_spec: "str | _kut.KutSpec",
             select: str | Sequence[str] | None) -> tuple[list, list]:
-  subs = _kut.resolve_kut(kut_spec)
+  spec = _kut.as_spec(kut_spec)
+  subs = _kut.resolve_kut(spec)
   table = _sites.discover_sites(task.step_fn, state, batch)
   chosen = []
   for sub in subs:
@@ -94,7 +96,7 @@ def select_calls(task: TrainTask, state, batch, kut_spec: str,
   order = {s.name: i for i, s in enumerate(table)}
   chosen.sort(key=lambda c: order[c.site.name])
   if not chosen:
-    raise PeatError(f"KUT {kut_spec!r} selects no site of task {task.name!r}"
+    raise PeatError(f"KUT {spec.spec!r} selects no site of task {task.name!r}"
                     f" (select={select!r}); expected at least one")
   return chosen, table
 
@@ -117,13 +119,14 @@ class Player:
     site_names: their names, execution order.
   """
 
-  def __init__(self, task: TrainTask, kut_spec: str, state, batch, *,
+  def __init__(self, task: TrainTask, kut_spec: "str | _kut.KutSpec", state,
+               batch, *,
                select: str | Sequence[str] | None = None):
     """Selects the sites and builds (does not yet compile) the steps.
 
     Args:
       task: the golden run's task.
-      kut_spec: a spec of :func:`peat_jax.kernels.kut.resolve_kut`.
+      kut_spec: a spec of :func:`peat_jax.resolve_kut` (string or parsed).
       state: a state of the task (shapes only matter).
       batch: a batch of the task.
       select: narrow the spec's sites: an ``fnmatch`` pattern or names.
@@ -132,8 +135,9 @@ class Player:
       PeatError: unknown spec, no selected site.
     """
     self.task = task
-    self.kut_spec = kut_spec
-    self.calls, _ = select_calls(task, state, batch, kut_spec, select)
+    self.spec = _kut.as_spec(kut_spec)
+    self.kut_spec = self.spec.spec
+    self.calls, _ = select_calls(task, state, batch, self.spec, select)
     self.site_names = [c.site.name for c in self.calls]
     self._store: dict = {}
     subs = [_sites_subst.Substitution(
@@ -262,7 +266,7 @@ class PlayerGroup:
         selects no site.
     """
     self.task = task
-    self.players = {k: Player(task, k, state, batch, select=select)
+    self.players = {k.spec: Player(task, k, state, batch, select=select)
                     for k in _check_specs(kut_specs)}
     fns = [p.both for p in self.players.values()]
     self._steps = jax.jit(lambda state, batch: [f(state, batch)
@@ -286,15 +290,17 @@ class PlayerGroup:
             for (k, p), out in zip(self.players.items(), outs)}
 
 
-def _check_specs(kut_specs) -> list[str]:
-  if isinstance(kut_specs, str):
+def _check_specs(kut_specs) -> list[_kut.KutSpec]:
+  """The parsed specs of a list of KUTs (strings are parsed here, once)."""
+  if isinstance(kut_specs, (str, _kut.KutSpec)):
     kut_specs = [kut_specs]
-  specs = list(kut_specs)
-  if not specs or not all(isinstance(k, str) for k in specs):
+  given = list(kut_specs)
+  if not given or not all(isinstance(k, (str, _kut.KutSpec)) for k in given):
     raise PeatError(f"kut_specs must be one or more KUT spec strings; got "
                     f"{kut_specs!r}")
-  twice = sorted({k for k in specs if specs.count(k) > 1})
+  names = [k.spec if isinstance(k, _kut.KutSpec) else k for k in given]
+  twice = sorted({k for k in names if names.count(k) > 1})
   if twice:
     raise PeatError(f"KUT specs given more than once: {twice}; each KUT is "
                     "played back once per checkpoint")
-  return specs
+  return [_kut.as_spec(k) for k in given]

@@ -19,6 +19,7 @@ import numpy as np
 from peat_jax.profiler import _golden as _golden
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
+from peat_jax.kernels import kut as _kut
 from peat_jax.profiler._player import select_calls
 from peat_jax.profiler._records import (
     RUNTIME_FILE, append_records, read_records)
@@ -203,7 +204,8 @@ def runtime_result(records: Sequence[dict], frequencies: Sequence[str],
       golden)
 
 
-def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,
+def runtime(task: TrainTask, golden_dir: str | os.PathLike,
+            kut_spec: "str | _kut.KutSpec", *,
             frequencies: Sequence[str] = ("every", "every_4",
                                           "fraction_0.25"),
             steps: int = 50, start_step: int = 0,
@@ -224,6 +226,8 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,
   Returns:
     A :class:`RuntimeResult`.
   """
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec  # the records' key
   say = progress or (lambda s: None)
   golden_dir = os.path.abspath(os.fspath(golden_dir))
   ckpt = _golden._checkpoint_dir_of(golden_dir)
@@ -247,7 +251,7 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike, kut_spec: str, *,
   def kut_step(sched):
     if not subs:
       batch = task.batch_at(int(state0.data_position))
-      chosen, _ = select_calls(task, state0, batch, kut_spec, select)
+      chosen, _ = select_calls(task, state0, batch, spec, select)
       subs.append(_sites.Substitution(
           chosen[0].sub.kut, sites=tuple(c.site.name for c in chosen),
           backward=chosen[0].sub.backward))

@@ -41,6 +41,7 @@ from peat_jax.profiler import _golden as _golden
 from peat_jax.profiler._checkpoint_local import (
     reader, restore_on, saved_steps_local)
 from peat_jax.core import PeatError
+from peat_jax.kernels import kut as _kut
 from peat_jax.profiler._player import Player
 from peat_jax.profiler._playback import (
     PlaybackResult, plan_steps, playback_result, step_line)
@@ -258,7 +259,7 @@ class _LocalRun(NamedTuple):
   timings: list
 
 
-def _play_local(task: TrainTask, ckpt: str, kut_spec: str, select,
+def _play_local(task: TrainTask, ckpt: str, kut_spec: _kut.KutSpec, select,
                 devices: list, todo: Sequence[int], out_path: str,
                 say: Callable[[str], None]) -> _LocalRun:
   """Plays ``todo`` on ``devices``; appends records to ``out_path`` in order.
@@ -370,7 +371,7 @@ def _finish(sync: _Sync, path: str, shard_dir: str, steps: Sequence[int],
 
 
 def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
-                     kut_spec: str, *,
+                     kut_spec: "str | _kut.KutSpec", *,
                      devices: int | Sequence[Any] | None = None,
                      campaign_dir: str | os.PathLike | None = None,
                      steps: Sequence[int] | None = None,
@@ -422,6 +423,8 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
   say = progress or (lambda s: None)
   devices = local_devices(devices)
   sync = _Sync(barrier_timeout_s)
+  spec = _kut.as_spec(kut_spec)
+  kut_spec = spec.spec  # the records' key
   golden_dir = os.path.abspath(os.fspath(golden_dir))
   ckpt = _golden._checkpoint_dir_of(golden_dir)  # pylint: disable=protected-access
   campaign_dir = os.path.abspath(os.fspath(
@@ -452,7 +455,7 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
     out = path
   error = None
   try:
-    run = _play_local(task, ckpt, kut_spec, select, devices, mine, out, say)
+    run = _play_local(task, ckpt, spec, select, devices, mine, out, say)
   except Exception as e:  # pylint: disable=broad-except
     error, run = e, _LocalRun(None, [])  # told to all, raised below
   sync.publish(f"status/{sync.me}",

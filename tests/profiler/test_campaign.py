@@ -202,3 +202,28 @@ def test_rebuilt_report_equals_the_report_validate_wrote(task, tmp_path,
   rebuilt = profiler.rebuild_report(d)
   assert rebuilt.verdict == paths.verdict
   assert _report_without_time(d / "report.json") == written
+
+
+def test_a_kut_spec_is_parsed_once_where_it_enters(task, tmp_path,
+                                                    monkeypatch):
+  """validate parses the spec string once and passes the KutSpec on."""
+  calls = []
+  parse = kut.parse_kut
+
+  def counting(spec):
+    calls.append(spec)
+    return parse(spec)
+
+  monkeypatch.setattr(kut, "parse_kut", counting)
+  profiler.validate(task, "native:matmul:default", tmp_path / "c",
+                    **{**SETTINGS, "steps": 4, "runtime_steps": 2},
+                    isolate=False)
+  assert calls == ["native:matmul:default"]
+  calls.clear()
+  parsed = parse("golden")
+  profiler.playback(task, tmp_path / "c" / "golden", parsed,
+                    campaign_dir=tmp_path / "other")
+  profiler.runtime(task, tmp_path / "c" / "golden", parsed,
+                   frequencies=("every",), steps=2,
+                   campaign_dir=tmp_path / "other")
+  assert calls == []  # a parsed spec is never parsed again
