@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from peat_jax import core as _core
 from peat_jax.analyzer._signature import (
     Array, NARROW_FORMATS, PCT_SAMPLE, _bits_of)
 
@@ -58,14 +59,11 @@ def _hash32(u: Array, mul: int, add: int) -> Array:
 # NARROW_FORMATS as (mantissa bits, smallest and largest normal exponent,
 # largest significand at the largest exponent as a (mantissa bits + 1)-bit
 # integer: all ones, but 1.110b for e4m3fn, whose 1.111b is NaN); tf32 is
-# 10 mantissa bits with float32's range.
+# 10 mantissa bits with float32's range. csrc/signature.h holds the same
+# table (kNarrowFormats; a test compares them).
 _NARROW_SPECS = {
-    "bf16": (7, -126, 127, 255),
-    "fp16": (10, -14, 15, 2047),
-    "tf32": (10, -126, 127, 2047),
-    "fp8_e4m3": (3, -6, 8, 14),
-    "fp8_e5m2": (2, -14, 15, 7),
-}
+    k: (f.mantissa_bits, f.emin, f.emax, f.max_significand)
+    for k, f in ((k, _core.FORMATS[k]) for k in NARROW_FORMATS)}
 
 
 def _mix32(u: Array) -> Array:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from peat_jax import core as _core
 from peat_jax.analyzer._bits import (
     _combine_scaled, _from_bits, _hash32, _merge_scaled, _mix32, _ordered,
     _row_scaled_sumsq, _sint, _uint, _words)
@@ -25,6 +26,11 @@ from peat_jax.analyzer._signature import (
 # --------------------------------------------------------------------------
 # The accumulation pass.
 # --------------------------------------------------------------------------
+
+
+# Saturation targets (csrc/signature_body.h has the same two constants).
+_FP16_MAX = _core.FORMATS["fp16"].max
+_E4M3_MAX = _core.FORMATS["fp8_e4m3"].max
 
 
 def _element_words(ut: Array, ug: Array,
@@ -77,8 +83,8 @@ def _element_words(ut: Array, ug: Array,
   f[_F_ZEROED] = fin_g & ~g0 & t0
   f[_F_FLUSHED] = gsub & t0
   f[_F_SATURATED] = fin_g & (ag < fmax) & (jnp.isinf(t) | (at == fmax))
-  f[_F_SAT_FP16] = fp & (at == 65504.0) & (ag > 65504.0)
-  f[_F_SAT_E4M3] = fp & (at == 448.0) & (ag > 448.0)
+  f[_F_SAT_FP16] = fp & (at == _FP16_MAX) & (ag > _FP16_MAX)
+  f[_F_SAT_E4M3] = fp & (at == _E4M3_MAX) & (ag > _E4M3_MAX)
   f[_F_GOLDEN_SUBNORMAL] = gsub
   f[_F_POS_ERR] = d > 0
   f[_F_NEG_ERR] = d < 0
@@ -88,7 +94,7 @@ def _element_words(ut: Array, ug: Array,
   f[_F_RATIO_OK] = fp & gnorm & ~t0
   f[_F_LOG_OK] = fp & (d != 0) & ~g0
   f[_F_GOLDEN_ZERO] = g0
-  f[_F_OVERFLOW] = fin_g & jnp.isinf(t) & (ag > 448.0)
+  f[_F_OVERFLOW] = fin_g & jnp.isinf(t) & (ag > _E4M3_MAX)
   flags = jnp.zeros(t.shape, jnp.uint32)
   for k, x in enumerate(f):
     flags = flags | (x.astype(jnp.uint32) << k)

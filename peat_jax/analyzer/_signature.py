@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from peat_jax import core as _core
+
 
 Array = jax.Array
 
@@ -60,7 +62,7 @@ TILE_SIZES = (8, 16, 32)
 #: Lanes: column index modulo this.
 LANES = 32
 #: Narrow formats whose representability is counted, in this order.
-NARROW_FORMATS = ("bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2")
+NARROW_FORMATS = _core.NARROW_FORMATS
 
 # Flag bits counted exactly over all elements (index into `SignatureState.flags`).
 _F_BIT_EQUAL = 0
@@ -88,7 +90,7 @@ _F_GOLDEN_ZERO = 21
 _F_OVERFLOW = 22
 _N_FLAGS = 23
 
-_DTYPE_CODE = {"float32": 0, "bfloat16": 1, "float16": 2, "float64": 3}
+_DTYPE_CODE = _core.DTYPE_CODE
 _SUPPORTED = {
     np.dtype(np.float32): "float32",
     np.dtype(jnp.bfloat16): "bfloat16",

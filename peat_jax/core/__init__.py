@@ -1,8 +1,18 @@
-"""Foundations every part of peat_jax reads: its errors.
+"""Foundations every part of peat_jax reads: errors and number-format facts.
 
-Private modules: ``_errors`` (the exception types). Everything else in
-peat_jax imports from here, never the other way round.
+Private modules: ``_errors`` (the exception types) and ``_formats`` (unit
+roundoff, range and bit layout of every format: the one home of those
+facts). Everything else in peat_jax imports from here, never the other way
+round.
 """
 
 from peat_jax.core._errors import CheckpointError as CheckpointError
 from peat_jax.core._errors import PeatError as PeatError
+from peat_jax.core._formats import DTYPE_CODE as DTYPE_CODE
+from peat_jax.core._formats import DTYPE_FORMAT as DTYPE_FORMAT
+from peat_jax.core._formats import FORMATS as FORMATS
+from peat_jax.core._formats import Format as Format
+from peat_jax.core._formats import NARROW_FORMATS as NARROW_FORMATS
+from peat_jax.core._formats import format_of as format_of
+from peat_jax.core._formats import format_of_code as format_of_code
+from peat_jax.core._formats import get_format as get_format

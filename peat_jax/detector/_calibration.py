@@ -28,6 +28,7 @@ import numpy as np
 from peat_jax import analyzer as _analyzer
 from peat_jax.detector import _detect as _detector
 from peat_jax import injectors as _injectors
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.detector import _facts
 
@@ -110,10 +111,6 @@ class CalibrationResult(NamedTuple):
             "exact/reordering)")
 
 
-#: (sign bit, first exponent bit) of each dtype's bit layout.
-_LAYOUT = {"float32": (31, 23), "bfloat16": (15, 7), "float16": (15, 10)}
-
-
 def _injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
                 ) -> list[tuple[str, str, dict[str, Any]]]:
   """(expected model, injector name, params) for tensor injections.
@@ -123,7 +120,8 @@ def _injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
   """
   size = int(np.prod(shape))
   cols = shape[-1]
-  sign, exp0 = _LAYOUT[dtype]
+  fmt = _core.format_of(dtype)  # sign bit, first exponent bit:
+  sign, exp0 = fmt.bits - 1, fmt.mantissa_bits
   out = [
       ("exact", "exact", {}),
       ("bitflip", "bitflip", {"count": int(rng.integers(1, 6)),
@@ -143,7 +141,7 @@ def _injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
   ]
   # Rounding into a format at least as precise as the data changes almost
   # nothing (only out-of-range values): such a "precision loss" is no case.
-  own = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}[dtype]
+  own = _core.format_of(dtype).unit_roundoff
   for fmt in ("bf16", "fp16", "fp8_e4m3"):
     if _facts.UNIT_ROUNDOFF[fmt] > own:
       out.append((f"precision:{fmt}", f"precision:{fmt}", {}))

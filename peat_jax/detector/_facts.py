@@ -12,18 +12,16 @@ from typing import Any, Mapping, NamedTuple
 import jax
 import numpy as np
 
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 
 #: Unit roundoff (2**-precision) of the formats the Detector knows.
-UNIT_ROUNDOFF = {
-    "fp64": 2.0**-53, "fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11,
-    "bf16": 2.0**-8, "fp8_e4m3": 2.0**-4, "fp8_e5m2": 2.0**-3,
-}
+UNIT_ROUNDOFF = {k: f.unit_roundoff for k, f in _core.FORMATS.items()}
 #: Order of the analyzer's representability shares (Signature.repr_test).
-NARROW_FORMATS = ("bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2")
+NARROW_FORMATS = _core.NARROW_FORMATS
 #: Largest finite value of the narrow formats (saturation targets).
-FORMAT_MAX = {"fp16": 65504.0, "fp8_e4m3": 448.0, "fp8_e5m2": 57344.0,
-              "bf16": 3.3895314e38}
+FORMAT_MAX = {k: _core.FORMATS[k].max
+              for k in ("fp16", "fp8_e4m3", "fp8_e5m2", "bf16")}
 #: Error models after which a kernel under test fails / only warns.
 FAULT_MODELS = ("nan", "saturation", "bitflip", "stuck_at", "random_value",
                 "zero", "lane", "indexing", "scale", "unknown")
@@ -99,14 +97,12 @@ def host_signature(sig):
 def _working_format(s: Mapping[str, np.ndarray], dtype) -> str:
   if dtype is not None:
     name = np.dtype(dtype).name
-    table = {"float32": "fp32", "float64": "fp64", "bfloat16": "bf16",
-             "float16": "fp16"}
-    if name not in table:
+    if name not in _core.DTYPE_FORMAT:
       raise PeatError(f"dtype must be float32, float64, bfloat16 or float16, "
                       f"got {name}")
-    return table[name]
+    return _core.DTYPE_FORMAT[name]
   if "dtype_code" in s:
-    return ("fp32", "bf16", "fp16", "fp64")[int(s["dtype_code"])]
+    return _core.format_of_code(int(s["dtype_code"])).name
   nbits = s["bits_xor"].shape[-1]
   return {32: "fp32", 64: "fp64", 16: "fp16"}[nbits]
 
@@ -129,7 +125,7 @@ class _Facts:
     self.share = self.ndiff / max(self.n, 1)
     self.xor = s["bits_xor"].astype(np.int64)
     self.nbits = self.xor.shape[0]
-    self.mant = {"fp32": 23, "fp64": 52, "bf16": 7, "fp16": 10}[work]
+    self.mant = _core.FORMATS[work].mantissa_bits
     self.bits_per_diff = self.xor.sum() / max(self.ndiff, 1)
     self.rel_med = float(s["rel_pct"][0])
     self.rel_max = float(s["rel_max"])
@@ -147,5 +143,5 @@ class _Facts:
 
 #: Smallest normal magnitude of each format: values below it are subnormal
 #: there, and a flush-to-zero mode returns 0 for them.
-MIN_NORMAL = {"fp32": 2.0**-126, "bf16": 2.0**-126, "fp16": 2.0**-14,
-              "fp8_e5m2": 2.0**-14, "fp8_e4m3": 2.0**-6}
+MIN_NORMAL = {k: _core.FORMATS[k].min_normal
+              for k in ("fp32", "bf16", "fp16", "fp8_e5m2", "fp8_e4m3")}

@@ -3,7 +3,8 @@
 Private modules: ``_checks`` (names, keys, parameters, before tracing),
 ``_api`` (one injection on a tensor), ``_models`` (the tensor error models
 and their registry), ``_params`` (parameter specs), ``_random``
-(counter-based random numbers), ``_formats`` (number formats and rounding),
+(counter-based random numbers), ``_rounding`` (rounding into the formats of
+:mod:`peat_jax.core`),
 ``_compute`` (errors of the computation: accumulation, reordering,
 nondeterminism), ``_kernel`` (an error model as a kernel under test),
 ``_trees`` (parameters, gradients, optimizer state) and ``_campaigns``

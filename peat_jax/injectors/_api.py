@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from peat_jax.injectors import _compute as cp
-from peat_jax.injectors import _formats as fm
+from peat_jax.injectors import _rounding as fm
 from peat_jax.injectors import _models as md
 from peat_jax.injectors import _params as pp
 from peat_jax.injectors._checks import (

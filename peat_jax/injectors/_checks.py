@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax.injectors import _compute as cp
-from peat_jax.injectors import _formats as fm
+from peat_jax.injectors import _rounding as fm
 from peat_jax.injectors import _models as md
 from peat_jax.core import PeatError
 

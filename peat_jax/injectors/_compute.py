@@ -33,7 +33,7 @@ from jax import lax
 import jax.numpy as jnp
 
 from peat_jax import sites as _sites
-from peat_jax.injectors import _formats as fm
+from peat_jax.injectors import _rounding as fm
 from peat_jax.injectors import _params as pp
 from peat_jax.injectors import _random as rnd
 from peat_jax.core import PeatError

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from peat_jax.injectors import _formats as fm
+from peat_jax.injectors import _rounding as fm
 from peat_jax.injectors import _params as pp
 from peat_jax.injectors import _random as rnd
 from peat_jax.core import PeatError

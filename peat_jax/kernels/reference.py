@@ -12,14 +12,16 @@ from jax import lax
 import jax.numpy as jnp
 import numpy as np
 
+from peat_jax import core as _core
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16,
           "float16": jnp.float16}
 
 # Unit roundoff of the output format (round to nearest); doubled for rtz.
-OUT_U = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
+OUT_U = {d: _core.format_of(d).unit_roundoff for d in DTYPES}
 # Smallest normal of the output format: below it rounding is absolute.
-OUT_TINY = {"float32": 2.0**-126, "bfloat16": 2.0**-126, "float16": 2.0**-14}
-U32 = 2.0**-24
+OUT_TINY = {d: _core.format_of(d).min_normal for d in DTYPES}
+U32 = _core.FORMATS["fp32"].unit_roundoff
 
 
 def rng_for(*key) -> np.random.Generator:
@@ -95,9 +97,10 @@ def gemm_rel_tol(variant: str, k: int, dtype: str) -> float:
   unit roundoff u, 2 * u_in for a product of two rounded inputs, and the
   output rounding (twice u for round-toward-zero); a factor 2 of margin.
   """
-  acc = {"acc_fp16": 2.0**-11, "acc_bf16": 2.0**-8}.get(variant, U32)
-  inp = {"in_tf32": 2.0**-11, "in_fp16": 2.0**-11, "in_bf16": 2.0**-8}.get(
-      variant, 0.0)
+  u = {k: f.unit_roundoff for k, f in _core.FORMATS.items()}
+  acc = {"acc_fp16": u["fp16"], "acc_bf16": u["bf16"]}.get(variant, U32)
+  inp = {"in_tf32": u["tf32"], "in_fp16": u["fp16"],
+         "in_bf16": u["bf16"]}.get(variant, 0.0)
   out = OUT_U[dtype] * (2 if variant == "rtz" else 1)
   if variant == "rtz" and dtype == "float32":
     acc = 2.0**-53

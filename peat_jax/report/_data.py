@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from peat_jax import core as _core
 from peat_jax import detector as _detector
 from peat_jax.core import PeatError
 from peat_jax.report._html import finding_cause
@@ -39,8 +40,7 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
     top = min(rs, key=lambda r: (-_detector.severity(r["diagnosis"]["verdict"]),
                                  -r["diagnosis"]["confidence"]))
     sig0 = rs[0]["signature"]
-    mant = {0: 23, 1: 7, 2: 10, 3: 52}.get(sig0.get("dtype_code", 0), 23)
-    expo = {0: 8, 1: 8, 2: 5, 3: 11}.get(sig0.get("dtype_code", 0), 8)
+    fmt = _core.format_of_code(sig0.get("dtype_code", 0))
     bits = np.sum([r["signature"]["bits_xor"] for r in rs], axis=0)
     ulp = np.sum([r["signature"]["ulp_hist"] for r in rs], axis=0)
     out.append({
@@ -55,7 +55,8 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
         "rel_rms": [r["signature"]["rel_rms"] for r in rs],
         "share_differ": [r["signature"]["share_differ"] for r in rs],
         "ulp_hist": ulp.tolist(), "bits_xor": bits.tolist(),
-        "mantissa_bits": mant, "exponent_bits": expo})
+        "mantissa_bits": fmt.mantissa_bits,
+        "exponent_bits": fmt.exponent_bits})
   return out
 
 

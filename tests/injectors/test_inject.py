@@ -16,7 +16,7 @@ import pytest
 
 from peat_jax import injectors
 from peat_jax.injectors import _checks as checks
-from peat_jax.injectors import _formats as fm
+from peat_jax.injectors import _rounding as fm
 from peat_jax.core import PeatError
 
 _slow = pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 from peat_jax import injectors
 from peat_jax.injectors import _campaigns as campaigns
 from peat_jax.injectors import _checks as checks
-from peat_jax.injectors import _formats as fm
+from peat_jax.injectors import _rounding as fm
 from peat_jax.injectors import _random as rnd
 from peat_jax.core import PeatError
 

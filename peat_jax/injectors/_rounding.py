@@ -1,16 +1,16 @@
-"""Number formats and bit-level helpers shared by the fault injectors.
+"""Rounding into number formats and bit-level helpers of the fault injectors.
+
+The formats' facts (widths, range, unit roundoff) live in
+:mod:`peat_jax.core`; this module applies them to data.
 
 Everything here is pure and jit-able. Bit manipulation goes through
 ``lax.bitcast_convert_type`` to an unsigned integer of the same width, so it is
 exact and unaffected by XLA's flush-to-zero of subnormals in arithmetic.
 
-Bit positions are numbered from the least significant bit: bit 0 is the last
-mantissa bit, bit ``width - 1`` is the sign bit, the exponent field lies in
-between (float32: mantissa 0-22, exponent 23-30, sign 31; bfloat16: mantissa
-0-6, exponent 7-14, sign 15; float16: mantissa 0-9, exponent 10-14, sign 15).
+Bit positions are numbered as in :mod:`peat_jax.core` (bit 0: the last
+mantissa bit).
 """
 
-from typing import NamedTuple
 
 import jax
 from jax import lax
@@ -18,64 +18,19 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from peat_jax.core import PeatError
+from peat_jax import core as _core
+from peat_jax.core import Format, PeatError
 
 
-class Format(NamedTuple):
-  """A narrow floating-point format that data can be rounded into.
-
-  Attributes:
-    name: short name used in error-model names, e.g. ``"bf16"``.
-    dtype: the JAX/ml_dtypes dtype, or None where the format is emulated by
-      bit masking (``tf32``).
-    exponent_bits: width of the exponent field.
-    mantissa_bits: width of the stored mantissa (fraction) field.
-    max: largest finite value.
-    min_normal: smallest positive normal value.
-    has_inf: whether the format encodes infinities (``fp8_e4m3`` does not:
-      overflow gives NaN).
-  """
-
-  name: str
-  dtype: object
-  exponent_bits: int
-  mantissa_bits: int
-  max: float
-  min_normal: float
-  has_inf: bool
-
-
-def _fmt(name: str, dtype, has_inf: bool) -> Format:
-  info = ml_dtypes.finfo(dtype)
-  return Format(name, jnp.dtype(dtype), int(info.nexp), int(info.nmant),
-                float(info.max), float(info.smallest_normal), has_inf)
-
-
-FORMATS: dict[str, Format] = {
-    "bf16": _fmt("bf16", jnp.bfloat16, True),
-    "fp16": _fmt("fp16", jnp.float16, True),
-    # TensorFloat-32: float32's range, 10 mantissa bits; no storage dtype.
-    "tf32": Format("tf32", None, 8, 10, float(np.float32(2.0**128 - 2.0**117)),
-                   float(2.0**-126), True),
-    "fp8_e4m3": _fmt("fp8_e4m3", jnp.float8_e4m3fn, False),
-    "fp8_e5m2": _fmt("fp8_e5m2", jnp.float8_e5m2, True),
-}
-"""Formats known to ``precision:<fmt>``, ``accumulation:<fmt>``, ``truncation``,
-``saturation`` and ``ftz``. ``fp8_e4m3`` is ml_dtypes' ``float8_e4m3fn`` (the
-OCP/NVIDIA variant: max 448, no Inf)."""
+#: The formats known to ``precision:<fmt>``, ``accumulation:<fmt>``,
+#: ``truncation``, ``saturation`` and ``ftz`` (facts: :mod:`peat_jax.core`).
+#: ``fp8_e4m3`` is ml_dtypes' ``float8_e4m3fn`` (the OCP/NVIDIA variant: max
+#: 448, no Inf).
+FORMATS: dict[str, Format] = {k: _core.FORMATS[k] for k in _core.NARROW_FORMATS}
+get_format = _core.get_format
 
 _UINT = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}
-SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def get_format(name: str, what: str) -> Format:
-  """Returns the format called ``name`` or raises a PeatError listing them."""
-  try:
-    return FORMATS[name]
-  except (KeyError, TypeError):
-    raise PeatError(
-        f"{what}: unknown format {name!r}; expected one of "
-        f"{sorted(FORMATS)}.") from None
+SUPPORTED_DTYPES = tuple(_core.DTYPE_FORMAT)
 
 
 def check_dtype(dtype, what: str) -> np.dtype:
@@ -101,8 +56,8 @@ def bit_width(dtype) -> int:
 
 def fields(dtype) -> tuple[int, int]:
   """(exponent bits, mantissa bits) of float ``dtype``."""
-  info = ml_dtypes.finfo(dtype)
-  return int(info.nexp), int(info.nmant)
+  f = _core.format_of(dtype)
+  return f.exponent_bits, f.mantissa_bits
 
 
 def to_bits(x: jax.Array) -> jax.Array:
