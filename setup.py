@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -161,6 +161,29 @@ class BuildFfi(build_ext):
     return []  # not a Python module: no PyInit_* symbol to export
 
 
+# bridges/, models/ and tools/ are installed inside the peat_jax namespace,
+# never as top-level `bridges`, `models` or `tools` modules.
+_MAPPED = ("bridges", "models", "tools")
+
+
+def _packages() -> tuple[list[str], dict[str, str]]:
+  """Every package, found (not listed): a new folder cannot go missing.
+
+  Returns:
+    ``(packages, package_dir)`` for setuptools: ``peat_jax`` and each of its
+    subpackages, and ``peat_jax.<name>`` for bridges/, models/, tools/ and
+    their subpackages.
+  """
+  packages = find_packages(HERE, include=["peat_jax", "peat_jax.*"])
+  package_dir = {"peat_jax": "peat_jax"}
+  for name in _MAPPED:
+    packages.append(f"peat_jax.{name}")
+    package_dir[f"peat_jax.{name}"] = name
+    for sub in find_packages(os.path.join(HERE, name)):
+      packages.append(f"peat_jax.{name}.{sub}")
+  return sorted(packages), package_dir
+
+
 def _extensions():
   sources = sorted(glob.glob(os.path.join(CSRC, "*.cc")))
   if not sources:
@@ -169,4 +192,6 @@ def _extensions():
                     include_dirs=[CSRC])]
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildFfi})
+_PACKAGES, _PACKAGE_DIR = _packages()
+setup(packages=_PACKAGES, package_dir=_PACKAGE_DIR,
+      ext_modules=_extensions(), cmdclass={"build_ext": BuildFfi})

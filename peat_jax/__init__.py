@@ -1,7 +1,25 @@
 """peat_jax: validate new DNN kernel implementations inside real JAX training.
 
-The public API is re-exported here; implementations live in the private
-modules named next to each import.
+PEAT (arXiv 2609.13544) runs a kernel under test (KUT) operation by
+operation inside a real training flow next to the golden kernel. Its parts
+and the packages that hold them, lowest layer first (imports point one way):
+
+* foundations: ``peat_jax.core`` (errors, number-format facts);
+* sites: ``peat_jax.sites`` (every kernel call of a train step, named,
+  substituted and tapped; the one jaxpr interpreter);
+* kernels: ``peat_jax.kernels`` (KUT specs, native XLA FFI kernels);
+* fault injectors: ``peat_jax.injectors`` (every error model, on purpose);
+* the Analyzer: ``peat_jax.analyzer`` (signatures, float64 references);
+* the Detector: ``peat_jax.detector`` (error models, verdicts, calibration);
+* the report: ``peat_jax.report`` (report data, HTML page, charts);
+* the Profiler: ``peat_jax.profiler`` (golden runs and checkpoints,
+  playback FI, runtime FI, captures, Monitor, isolation, scale-out,
+  ``validate``).
+
+Every public name is re-exported here from its package's facade; each
+package's docstring lists its private modules. ``peat.profile`` is a golden
+run with captured site inputs (one of the Profiler's tools), not the whole
+Profiler.
 """
 
 from peat_jax.analyzer import Signature as Signature

@@ -30,10 +30,12 @@ from peat_jax.analyzer._references import reference_attention as reference_atten
 from peat_jax.analyzer._references import reference_conv as reference_conv
 from peat_jax.analyzer._references import reference_cross_entropy as reference_cross_entropy
 from peat_jax.analyzer._references import reference_dot_general as reference_dot_general
+from peat_jax.analyzer._references import reference_fn as reference_fn
 from peat_jax.analyzer._references import reference_gelu as reference_gelu
 from peat_jax.analyzer._references import reference_layer_norm as reference_layer_norm
 from peat_jax.analyzer._references import reference_matmul as reference_matmul
 from peat_jax.analyzer._references import reference_softmax as reference_softmax
+from peat_jax.analyzer._references import reference_traced as reference_traced
 from peat_jax.analyzer._signature import HIST_BUCKETS as HIST_BUCKETS
 from peat_jax.analyzer._signature import LANES as LANES
 from peat_jax.analyzer._signature import NARROW_FORMATS as NARROW_FORMATS

@@ -48,7 +48,7 @@ def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,
   Returns:
     The `SignatureState` of this record.
   """
-  from peat_jax.kernels import _ffi  # pylint: disable=g-import-not-at-top
+  from peat_jax import kernels as _kernels  # pylint: disable=g-import-not-at-top
 
   dtype = t.dtype
   shape = t.shape
@@ -63,13 +63,13 @@ def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,
     ref_lo = ref_lo.reshape(rows, cols).astype(jnp.float32)
   (ints, hashes, floats, row_ndiff, row_abs_max, row_abs_sum, row_abs_sqs,
    col_ndiff, col_abs_sum, tile_ndiff, hist_abs, hist_rel,
-   sample_counts) = _ffi.signature_pass(t, g, ref_hi, ref_lo)
+   sample_counts) = _kernels.signature_pass(t, g, ref_hi, ref_lo)
   nf = len(NARROW_FORMATS)
   sampled = dict(hist_abs=hist_abs, hist_rel=hist_rel,
                  pct_n=sample_counts[0], sample_n=sample_counts[1],
                  repr_t=sample_counts[2:2 + nf],
                  repr_g=sample_counts[2 + nf:2 + 2 * nf])
-  k = _ffi.SIGNATURE_FLAG_SLOTS
+  k = _kernels.SIGNATURE_FLAG_SLOTS
   fl = {name: floats[i] for i, name in enumerate(_NATIVE_FLOATS)}
   refc = {name: ints[k + 3 * nbits + i]
           for i, name in enumerate(_NATIVE_REF_COUNTS)}

@@ -2,13 +2,14 @@
 
 Modules: ``kut`` (KUT specs -> substitutions and callables), ``native``
 (the native kernels and their variants: XLA FFI custom calls, C++ for CPU,
-CUDA and HIP for GPUs, sources in ``csrc/``), ``reference`` (float64
+CUDA and HIP for GPUs, sources in ``csrc/``), ``checks`` (float64
 references, tolerances and seeded inputs for checks of native variants),
 ``_ffi`` (every ``ffi_call`` of peat_jax, in one module) and ``_variants``
 (the variants' names, codes and expected error models). BUILD.md says how
 the native libraries are built.
 """
 
+from peat_jax.kernels._ffi import SIGNATURE_FLAG_SLOTS as SIGNATURE_FLAG_SLOTS
 from peat_jax.kernels._ffi import signature_pass as signature_pass
 from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL as EXPECTED_ERROR_MODEL
 from peat_jax.kernels._variants import NONDETERMINISTIC as NONDETERMINISTIC

@@ -384,66 +384,6 @@ def resolve_kut(spec: "str | KutSpec", *, pattern: str | None = None,
                        backward=backward)]
 
 
-def reference_fn(kernel: str, params: dict) -> Callable:
-  """A float64-capable golden function of a site from its recorded call.
-
-  Args:
-    kernel: the site's kernel (``dot_general``, ``conv_general_dilated`` or a
-      composite kind in :data:`peat_jax.REFERENCES`).
-    params: for primitives the keyword parameters the KUT received; for
-      composites ``{"template": (treedef, leaves, is_array)}``.
-
-  Returns:
-    ``f(*site_inputs) -> float64 host array`` (via ``peat.reference``).
-  """
-  from peat_jax import analyzer as _reference
-  traced = reference_traced(kernel, params)
-  if traced is not None:
-    return lambda *xs: _reference.reference(traced, *xs)
-  if kernel in _reference.REFERENCES:
-    treedef, leaves, is_array = params["template"]
-    ref = _reference.REFERENCES[kernel]
-
-    def f(*arrays):
-      it = iter(arrays)
-      lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
-      args, kwargs = jax.tree.unflatten(treedef, lv)
-      return ref(*args, **kwargs)
-    return f
-  raise PeatError(f"no float64 reference for kernel {kernel!r}; expected one "
-                  f"of dot_general, conv_general_dilated, "
-                  f"{', '.join(_reference.REFERENCES)}")
-
-
-def reference_traced(kernel: str, params: dict) -> Callable | None:
-  """The golden kernel of a primitive site as a traceable JAX function.
-
-  Called on float64 arrays with x64 enabled it is the site's float64
-  reference (``reference_fn`` runs it that way on host copies; playback
-  jits it on the device).
-
-  Args:
-    kernel: the site's kernel.
-    params: the keyword parameters the KUT received.
-
-  Returns:
-    ``f(*site_inputs)`` at HIGHEST precision for ``dot_general`` and
-    ``conv_general_dilated``; None for other kernels.
-  """
-  from jax import lax
-  p = params
-  if kernel == "dot_general":
-    return lambda l, r: lax.dot_general(l, r, p["dimension_numbers"],
-                                        precision=lax.Precision.HIGHEST)
-  if kernel == "conv_general_dilated":
-    return lambda x, w: lax.conv_general_dilated(
-        x, w, p["window_strides"], p["padding"], p["lhs_dilation"],
-        p["rhs_dilation"], p["dimension_numbers"],
-        p["feature_group_count"], p["batch_group_count"],
-        precision=lax.Precision.HIGHEST)
-  return None
-
-
 def recording(kut: Any, site: str, kernel: str, composite: bool,
               store: dict) -> Callable:
   """Wraps a KUT so each trace records the site's call parameters.

@@ -24,8 +24,8 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 
 from peat_jax.profiler import _campaign_report
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _golden as _golden
-from peat_jax.profiler import _isolate as _isolate
+from peat_jax.profiler import _golden
+from peat_jax.profiler import _isolate
 from peat_jax import report as _report
 from peat_jax.core import PeatError
 # Re-exported: the campaign layers, reachable from one module.

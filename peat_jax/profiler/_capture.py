@@ -36,9 +36,9 @@ import jax
 import numpy as np
 
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _campaign as _campaign
+from peat_jax.profiler import _campaign
 from peat_jax.profiler import _capture_io as io
-from peat_jax.profiler import _golden as _golden
+from peat_jax.profiler import _golden
 from peat_jax import sites as _sites
 from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.core import PeatError

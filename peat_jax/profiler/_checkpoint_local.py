@@ -17,8 +17,8 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
-from peat_jax.profiler import _checkpoint as _checkpoint
-from peat_jax.profiler import _golden as _golden
+from peat_jax.profiler import _checkpoint
+from peat_jax.profiler import _golden
 from peat_jax.core import CheckpointError
 from peat_jax.profiler._train_state import TrainState
 from peat_jax.profiler._train_state import TrainTask

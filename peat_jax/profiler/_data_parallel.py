@@ -20,8 +20,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _golden as _golden
-from peat_jax.profiler import _runtime as _runtime
+from peat_jax.profiler import _golden
+from peat_jax.profiler import _runtime
 from peat_jax import sites as _sites
 from peat_jax.profiler._checkpoint_local import restore_on
 from peat_jax.core import PeatError

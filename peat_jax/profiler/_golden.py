@@ -24,7 +24,7 @@ import msgpack
 import numpy as np
 
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _checkpoint as _checkpoint
+from peat_jax.profiler import _checkpoint
 from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainState, TrainTask
 

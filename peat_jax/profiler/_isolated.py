@@ -15,9 +15,9 @@ import tempfile
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from peat_jax.profiler import _golden as _golden
-from peat_jax.profiler import _playback as _playback
-from peat_jax.profiler import _runtime as _runtime
+from peat_jax.profiler import _golden
+from peat_jax.profiler import _playback
+from peat_jax.profiler import _runtime
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import (
     RUNTIME_FILE, append_records, read_records, rewrite_records)

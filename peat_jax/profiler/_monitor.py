@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _campaign as _campaign
+from peat_jax.profiler import _campaign
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError

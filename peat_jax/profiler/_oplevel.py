@@ -39,7 +39,7 @@ from jax import lax
 
 from peat_jax.profiler import _layout
 from peat_jax import detector as _detector
-from peat_jax.profiler import _capture as _capture
+from peat_jax.profiler import _capture
 from peat_jax.profiler import _capture_io as io
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError

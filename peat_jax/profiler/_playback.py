@@ -36,7 +36,7 @@ import numpy as np
 
 from peat_jax import detector as _detector
 from peat_jax.kernels import kut as _kut
-from peat_jax.profiler import _golden as _golden
+from peat_jax.profiler import _golden
 from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import (

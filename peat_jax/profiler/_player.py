@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import sites as _sites
-from peat_jax import sites as _sites_subst
 from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainTask
 from peat_jax.kernels import kut as _kut
@@ -28,7 +27,7 @@ class SiteCall(NamedTuple):
   """One selected site of a playback, with what its reference needs."""
 
   site: _sites.Site
-  sub: _sites_subst.Substitution
+  sub: _sites.Substitution
 
 
 def _update_sums(params, gparams, kparams) -> tuple[jax.Array, jax.Array]:
@@ -140,15 +139,15 @@ class Player:
     self.calls, _ = select_calls(task, state, batch, self.spec, select)
     self.site_names = [c.site.name for c in self.calls]
     self._store: dict = {}
-    subs = [_sites_subst.Substitution(
+    subs = [_sites.Substitution(
         _kut.recording(c.sub.kut, c.site.name, c.site.kernel,
                        c.site.composite, self._store), sites=(c.site.name,))
             for c in self.calls]
-    tapped = _sites_subst.tap(task.step_fn, *subs)
-    eff = [_sites_subst.Substitution(
+    tapped = _sites.tap(task.step_fn, *subs)
+    eff = [_sites.Substitution(
         self.calls[0].sub.kut, sites=tuple(self.site_names),
         backward=self.calls[0].sub.backward)]
-    kstep = _sites_subst.substitute(task.step_fn, *eff)
+    kstep = _sites.substitute(task.step_fn, *eff)
 
     def both(state, batch):
       (gstate, gm), taps = tapped(state, batch)

@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from peat_jax.profiler import _golden as _golden
+from peat_jax.profiler import _golden
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut

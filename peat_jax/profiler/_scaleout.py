@@ -37,7 +37,7 @@ import jax
 import numpy as np
 
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _golden as _golden
+from peat_jax.profiler import _golden
 from peat_jax.profiler._checkpoint_local import (
     reader, restore_on, saved_steps_local)
 from peat_jax.core import PeatError

@@ -17,7 +17,6 @@ import numpy as np
 from peat_jax import analyzer as _analyzer
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
-from peat_jax import sites as _sites_subst
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import signature_record
 from peat_jax.kernels import kut as _kut
@@ -41,7 +40,7 @@ def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
   computed per iteration. None when no reference applies.
   """
   try:
-    fn = _kut.reference_fn(site.kernel, params)
+    fn = _analyzer.reference_fn(site.kernel, params)
     inputs = [np.asarray(x) for x in inputs]
     if "scan" in site.where and inputs and inputs[0].ndim == len(
         site.in_shapes[0]) + 1:
@@ -63,7 +62,7 @@ class DeviceReferences:
 
   def __init__(self, sites: Sequence[tuple[_sites.Site, dict]]):
     """Args: sites: ``(site, params)`` per site, as in ``site_records``."""
-    self.fns = [_kut.reference_traced(site.kernel, params)
+    self.fns = [_analyzer.reference_traced(site.kernel, params)
                 for site, params in sites]
 
     def refs(which, inputs):
@@ -72,7 +71,7 @@ class DeviceReferences:
               for i, xs in zip(which, inputs)]
     self._jit = jax.jit(refs, static_argnums=0)
 
-  def usable(self, i: int, site: _sites.Site, tp: _sites_subst.Tap) -> bool:
+  def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     """Site ``i``'s tap is one plain call (not scan-stacked, one output)."""
     return (self.fns[i] is not None and not isinstance(tp.golden, tuple)
             and len(tp.inputs) == len(site.in_shapes) and all(
@@ -100,7 +99,7 @@ def _device_signatures(sites, refs: DeviceReferences) -> dict[int, Any]:
   return {i: sig for (i, _), sig in zip(ok, sigs)}
 
 
-def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap):
+def _signature(site: _sites.Site, params: dict, tp: _sites.Tap):
   """Dispatches one site's signature (not waited for) and its context."""
   ref = _site_reference(site, params, tp.inputs)
   test, gold = tp.kut, tp.golden
@@ -112,7 +111,7 @@ def _signature(site: _sites.Site, params: dict, tp: _sites_subst.Tap):
   return _analyzer.analyze(test, gold, ref), _reduction(site, params)
 
 
-def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
+def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
                  kut_spec: str, step: int,
                  device_refs: DeviceReferences | None = None
                  ) -> list[dict]:
@@ -156,7 +155,7 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites_subst.Tap]],
   return out
 
 
-def site_record(site: _sites.Site, params: dict, tp: _sites_subst.Tap,
+def site_record(site: _sites.Site, params: dict, tp: _sites.Tap,
                 kut_spec: str, step: int) -> dict:
   """One (step, site) record: signature vs golden and float64, diagnosis.
 
@@ -187,7 +186,7 @@ class _SharedReferences:
                cache: dict):
     self._inner, self._names, self._cache = inner, list(names), cache
 
-  def usable(self, i: int, site: _sites.Site, tp: _sites_subst.Tap) -> bool:
+  def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     return self._inner.usable(i, site, tp)
 
   def __call__(self, which: tuple[int, ...], inputs: list) -> list:

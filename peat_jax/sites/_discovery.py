@@ -43,7 +43,7 @@ import jax
 from jax._src import source_info_util
 from jax.extend import core as jex_core
 
-from peat_jax.sites import _composite as _composite
+from peat_jax.sites import _composite
 from peat_jax.core import PeatError
 
 PHASES = ("fwd", "bwd", "upd")

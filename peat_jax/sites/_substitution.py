@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from peat_jax.sites import _composite as _composite
+from peat_jax.sites import _composite
 from peat_jax.sites import _discovery as _sites
 from peat_jax.core import PeatError
 from peat_jax.sites._interpreter import (

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from peat_jax.kernels import native
-from peat_jax.kernels.reference import DTYPES, conv_abs, conv_golden, conv_ref
-from peat_jax.kernels.reference import f64, gemm_rel_tol, randn, rng_for
+from peat_jax.kernels.checks import DTYPES, conv_abs, conv_golden, conv_ref
+from peat_jax.kernels.checks import f64, gemm_rel_tol, randn, rng_for
 
 VARIANTS = native.variants("conv2d")
 TILE = 16

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from peat_jax.kernels.reference import DTYPES, f64, gemm_rel_tol, matmul_ref, randn
-from peat_jax.kernels.reference import rng_for
+from peat_jax.kernels.checks import DTYPES, f64, gemm_rel_tol, matmul_ref, randn
+from peat_jax.kernels.checks import rng_for
 from peat_jax.kernels import native
 
 VARIANTS = native.variants("matmul")

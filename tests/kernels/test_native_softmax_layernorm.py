@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from peat_jax.kernels import native
-from peat_jax.kernels.reference import DTYPES, OUT_TINY, OUT_U, f64
-from peat_jax.kernels.reference import layer_norm_golden, layer_norm_ref
-from peat_jax.kernels.reference import randn, rng_for, softmax_ref
+from peat_jax.kernels.checks import DTYPES, OUT_TINY, OUT_U, f64
+from peat_jax.kernels.checks import layer_norm_golden, layer_norm_ref
+from peat_jax.kernels.checks import randn, rng_for, softmax_ref
 
 SM_VARIANTS = native.variants("softmax")
 LN_VARIANTS = native.variants("layer_norm")
