@@ -110,9 +110,15 @@ _PRIVATE = re.compile(r"peat_jax(\.(core|sites|kernels|injectors|analyzer|"
                       r"detector|report|profiler))?\._\w+")
 
 
+_FROM_PRIVATE = re.compile(r"from peat_jax(\.(core|sites|kernels|injectors|"
+                           r"analyzer|detector|report|profiler))? import "
+                           r"\(?\s*(_\w+)")
+
+
 def _private_uses(text: str) -> list[str]:
-  return [m.group(0) for m in _PRIVATE.finditer(text)
-          if not m.group(0).startswith("peat_jax.__")]
+  dotted = [m.group(0) for m in _PRIVATE.finditer(text)
+            if not m.group(0).startswith("peat_jax.__")]
+  return dotted + [m.group(0) for m in _FROM_PRIVATE.finditer(text)]
 
 
 def test_nothing_outside_peat_jax_imports_a_private_module():
@@ -180,8 +186,10 @@ def test_the_layering_test_catches_a_violation(tmp_path, monkeypatch):
   (tmp_path / "tools" / "x.py").write_text(
       "from peat_jax.analyzer import _api\n")
   (tmp_path / "docs").mkdir()
-  (tmp_path / "README.md").write_text("see peat_jax._campaign\n")
+  (tmp_path / "README.md").write_text("see peat_jax._campaign\n"
+                                      "from peat_jax.profiler import _golden\n")
   (tmp_path / "BUILD.md").write_text("\n")
   with pytest.raises(AssertionError, match="tools/x.py:1") as err:
     test_nothing_outside_peat_jax_imports_a_private_module()
   assert "README.md:1: peat_jax._campaign" in str(err.value)
+  assert "README.md:2: from peat_jax.profiler import _golden" in str(err.value)

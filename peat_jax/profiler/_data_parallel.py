@@ -20,7 +20,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _golden
 from peat_jax.profiler import _runtime
 from peat_jax import sites as _sites
 from peat_jax.profiler._checkpoint_local import restore_on
@@ -256,11 +255,8 @@ def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
   n = mesh.size
   repl = NamedSharding(mesh, P())
   data = NamedSharding(mesh, P(DATA_AXIS))
-  golden_dir = os.path.abspath(os.fspath(golden_dir))
-  ckpt = _golden._checkpoint_dir_of(golden_dir)  # pylint: disable=protected-access
-  campaign_dir = os.path.abspath(os.fspath(
-      campaign_dir or os.path.dirname(golden_dir)))
-  os.makedirs(campaign_dir, exist_ok=True)
+  golden_dir, ckpt, campaign_dir = _layout.campaign_dirs(golden_dir,
+                                                         campaign_dir)
   path = os.path.join(campaign_dir, RUNTIME_DP_FILE)
   scheds = [(f, *_runtime.parse_frequency(f)) for f in frequencies]
   spec = _kut.as_spec(kut_spec)

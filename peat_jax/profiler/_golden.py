@@ -193,7 +193,7 @@ class StateReader:
     Raises:
       CheckpointError: a missing directory.
     """
-    self._dir = _checkpoint_dir_of(checkpoint_dir)
+    self._dir = _layout.checkpoint_dir_of(checkpoint_dir)
     self._task = task
     self._abstract = abstract_state(task)
     self._target = _checkpoint.restore_target(self._abstract)
@@ -225,12 +225,6 @@ class StateReader:
 
   def __exit__(self, *exc) -> None:
     self.close()
-
-
-def _checkpoint_dir_of(path: str | os.PathLike) -> str:
-  path = os.path.abspath(os.fspath(path))
-  sub = os.path.join(path, _layout.CHECKPOINT_DIR)
-  return sub if os.path.isdir(sub) else path
 
 
 def golden_train(task: TrainTask, workdir: str | os.PathLike, *,

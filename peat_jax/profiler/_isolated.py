@@ -15,6 +15,7 @@ import tempfile
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+from peat_jax.profiler import _layout
 from peat_jax.profiler import _golden
 from peat_jax.profiler import _playback
 from peat_jax.profiler import _runtime
@@ -303,9 +304,8 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
   fac = _factory_tuple(factory)
   limits = Limits(timeout_s, startup_s, memory_limit_mb)
   labels = {f: _runtime.parse_frequency(f)[1] for f in frequencies}
-  golden_dir = os.path.abspath(os.fspath(golden_dir))
-  campaign_dir = os.path.abspath(os.fspath(
-      campaign_dir or os.path.dirname(golden_dir)))
+  golden_dir, _, campaign_dir = _layout.campaign_dirs(golden_dir,
+                                                      campaign_dir)
   path = os.path.join(campaign_dir, RUNTIME_FILE)
   crash_path = os.path.join(campaign_dir, CRASH_FILE)
 

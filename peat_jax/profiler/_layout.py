@@ -24,6 +24,9 @@ are described in :mod:`peat_jax.profiler._records`; the report's files are
 named by :mod:`peat_jax.report`.
 """
 
+import os
+from typing import NamedTuple
+
 from peat_jax.report import HTML_NAME as REPORT_HTML
 from peat_jax.report import JSON_NAME as REPORT_JSON
 
@@ -46,7 +49,56 @@ CHECKPOINT_DIR = "checkpoints"
 LOG_FILE = "log.msgpack"
 EVAL_FILE = "eval.json"
 
-__all__ = ["REPORT_HTML", "REPORT_JSON", "SETTINGS_FILE", "LOCK_FILE",
+
+
+def checkpoint_dir_of(path: str | os.PathLike) -> str:
+  """The checkpoint directory of a golden run's workdir (or that directory).
+
+  Args:
+    path: a golden run's workdir, or its ``checkpoints/`` directory.
+
+  Returns:
+    The absolute path of the checkpoint directory.
+  """
+  path = os.path.abspath(os.fspath(path))
+  sub = os.path.join(path, CHECKPOINT_DIR)
+  return sub if os.path.isdir(sub) else path
+
+
+class CampaignDirs(NamedTuple):
+  """Where a campaign driver reads the golden run and writes its records.
+
+  Attributes:
+    golden: the golden run's workdir (absolute).
+    checkpoints: its checkpoint directory.
+    campaign: the campaign directory (created).
+  """
+
+  golden: str
+  checkpoints: str
+  campaign: str
+
+
+def campaign_dirs(golden_dir: str | os.PathLike,
+                  campaign_dir: str | os.PathLike | None) -> CampaignDirs:
+  """The directories of a playback or runtime FI call (see CampaignDirs).
+
+  Args:
+    golden_dir: the golden run's workdir (or its checkpoint directory).
+    campaign_dir: where the records go (default: the golden workdir's
+      parent, the campaign directory of ``peat.validate``).
+
+  Returns:
+    :class:`CampaignDirs`, the campaign directory created.
+  """
+  golden = os.path.abspath(os.fspath(golden_dir))
+  campaign = os.path.abspath(os.fspath(campaign_dir or
+                                       os.path.dirname(golden)))
+  os.makedirs(campaign, exist_ok=True)
+  return CampaignDirs(golden, checkpoint_dir_of(golden), campaign)
+
+
+__all__ = ["checkpoint_dir_of", "campaign_dirs", "CampaignDirs", "REPORT_HTML", "REPORT_JSON", "SETTINGS_FILE", "LOCK_FILE",
            "GOLDEN_DIR", "PLAYBACK_FILE", "RUNTIME_FILE", "RUNTIME_DP_FILE",
            "CRASH_FILE", "CAPTURE_DIR", "CAPTURE_INDEX_FILE", "OPS_FILE",
            "SHARD_DIR", "ISOLATE_TMP_DIR", "MONITOR_FILE", "RUN_FILE",

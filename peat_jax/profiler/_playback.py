@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from peat_jax.profiler import _layout
 from peat_jax import detector as _detector
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import _golden
@@ -87,11 +88,7 @@ def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
   Raises:
     PeatError: a wanted step is not saved.
   """
-  golden_dir = os.path.abspath(os.fspath(golden_dir))
-  ckpt = _golden._checkpoint_dir_of(golden_dir)  # pylint: disable=protected-access
-  campaign_dir = os.path.abspath(os.fspath(
-      campaign_dir or os.path.dirname(golden_dir)))
-  os.makedirs(campaign_dir, exist_ok=True)
+  _, ckpt, campaign_dir = _layout.campaign_dirs(golden_dir, campaign_dir)
   path = os.path.join(campaign_dir, PLAYBACK_FILE)
   return (ckpt, path,
           *plan_steps(saved_steps(ckpt), ckpt, path, kut_spec, steps))

@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from peat_jax.profiler import _layout
 from peat_jax.profiler import _golden
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
@@ -229,10 +230,7 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
   spec = _kut.as_spec(kut_spec)
   kut_spec = spec.spec  # the records' key
   say = progress or (lambda s: None)
-  golden_dir = os.path.abspath(os.fspath(golden_dir))
-  ckpt = _golden._checkpoint_dir_of(golden_dir)
-  campaign_dir = os.path.abspath(os.fspath(
-      campaign_dir or os.path.dirname(golden_dir)))
+  _, ckpt, campaign_dir = _layout.campaign_dirs(golden_dir, campaign_dir)
   path = os.path.join(campaign_dir, RUNTIME_FILE)
   old = [r for r in read_records(path) if r.get("kut") == kut_spec
          and r.get("n") == steps and r.get("start") == start_step]

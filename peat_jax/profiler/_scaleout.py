@@ -37,7 +37,6 @@ import jax
 import numpy as np
 
 from peat_jax.profiler import _layout
-from peat_jax.profiler import _golden
 from peat_jax.profiler._checkpoint_local import (
     reader, restore_on, saved_steps_local)
 from peat_jax.core import PeatError
@@ -425,10 +424,8 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
   sync = _Sync(barrier_timeout_s)
   spec = _kut.as_spec(kut_spec)
   kut_spec = spec.spec  # the records' key
-  golden_dir = os.path.abspath(os.fspath(golden_dir))
-  ckpt = _golden._checkpoint_dir_of(golden_dir)  # pylint: disable=protected-access
-  campaign_dir = os.path.abspath(os.fspath(
-      campaign_dir or os.path.dirname(golden_dir)))
+  golden_dir, ckpt, campaign_dir = _layout.campaign_dirs(golden_dir,
+                                                         campaign_dir)
   path = os.path.join(campaign_dir, PLAYBACK_FILE)
   shard_dir = os.path.join(campaign_dir, SHARD_DIR)
   if sync.me == 0:

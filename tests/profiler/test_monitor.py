@@ -92,10 +92,10 @@ def test_golden_monitor_passes_and_bad_input_is_named(tmp_path):
         state, batches[0])
 
 
-def test_readme_example_runs_and_prints_what_the_readme_shows(tmp_path):
-  """The README's complete Monitor script, pasted into a file and run."""
-  readme = open(os.path.join(os.path.dirname(__file__), "..", "..",
-                             "README.md")).read()
+def test_docs_example_runs_and_prints_what_the_docs_show(tmp_path):
+  """docs/profiler.md's complete Monitor script, pasted into a file and run."""
+  readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs",
+                             "profiler.md")).read()
   section = readme[readme.index("### Inside your own training loop"):]
   code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
   shown = re.search(r"```text\n(.*?)```", section, re.S).group(1)
