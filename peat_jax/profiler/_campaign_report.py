@@ -4,7 +4,7 @@
 records, playback effects and runtime runs; :func:`load_report_data` reads
 them from a campaign directory (``campaign.json``, ``playback.msgpack``,
 ``ops.msgpack``, ``runtime.msgpack``, the crash findings of isolated runs,
-``golden/run.json``) and
+``golden/run.json``, ``provenance.json``) and
 :func:`rebuild_report` rewrites ``report.html`` / ``report.json`` from them,
 so a report can be remade without rerunning anything (after an interrupted
 campaign, after op-level playback, or with another KUT of the same files).
@@ -22,6 +22,7 @@ from peat_jax.core import PeatError
 from peat_jax.profiler._oplevel import OPS_FILE
 from peat_jax.profiler import _records
 from peat_jax.profiler import _isolated
+from peat_jax.profiler import _provenance
 from peat_jax.profiler import _runtime
 
 SOURCES = ("auto", "playback", "ops")
@@ -56,7 +57,7 @@ def _runtime_runs(records: Sequence[dict], kut: str, settings: dict
   group = [r for r in recs if r["n"] == n and r["start"] == start]
   freqs = (settings["frequencies"].split(",") if settings.get("frequencies")
            else [r["name"] for r in group
-                 if r["name"] not in ("golden", "spread")])
+                 if r["name"] not in _runtime.REFERENCE_RUNS])
   result = _runtime.runtime_result(group, freqs, n, start)
   if not result.runs:
     return None, None
@@ -72,8 +73,9 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
     kut: the KUT to report (default: ``campaign.json``'s, or the only KUT
       in the record file).
     source: ``"playback"`` (``playback.msgpack``), ``"ops"``
-      (``ops.msgpack``, op-level playback) or ``"auto"`` (playback records
-      when there are any, else op-level ones).
+      (``ops.msgpack``, op-level playback) or ``"auto"`` (op-level records
+      when there are some and no playback site record, else playback: a
+      campaign whose every checkpoint crashed reports its findings).
 
   Returns:
     The report data (:func:`peat_jax.report.report_data`).
@@ -91,8 +93,9 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
   run = _read_json(os.path.join(d, _layout.GOLDEN_DIR, _layout.RUN_FILE))
   pb = _records.read_records(os.path.join(d, _records.PLAYBACK_FILE))
   ops = _records.read_records(os.path.join(d, OPS_FILE))
-  if source == "auto":
-    source = "playback" if any(r.get("kind") == "site" for r in pb) else "ops"
+  if source == "auto":  # op-level records only when playback has none
+    source = ("ops" if not any(r.get("kind") == "site" for r in pb)
+              and any(r.get("kind") == "site" for r in ops) else "playback")
   recs = pb if source == "playback" else ops
   sites = [r for r in recs if r.get("kind") == "site"]
   kuts = sorted({r["kut"] for r in sites})
@@ -117,9 +120,11 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
   shown = {k: v for k, v in settings.items() if k != "task_config"}
   shown.setdefault("records", f"{source} ({len(sites)} site records)")
   sites.sort(key=lambda r: r["step"])
+  prov = _provenance.provenance(_provenance.read(d), kut, sites, rt)
   return _report.report_data(kut=kut, scenario=scenario, records=sites,
                      sites=_order(sites), effects=effects, runtime=rt,
-                     runtime_spread=spread, findings=findings, settings=shown)
+                     runtime_spread=spread, findings=findings, settings=shown,
+                     provenance=prov)
 
 
 class Rebuilt(NamedTuple):
