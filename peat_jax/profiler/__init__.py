@@ -11,6 +11,11 @@ a training flow and collects model states. Private modules:
 * ``_site_records``, ``_player``, ``_playback``: playback FI (a checkpoint's
   records, the jitted pair of steps, the driver over checkpoints);
 * ``_runtime``: runtime FI at a frequency against the golden trajectory;
+* ``_weights``, ``_significance``: the runs' weight distances to the golden
+  trajectory, the bf16-proxy step, and the distances in units of the seed
+  and bf16 yardsticks (training-level significance);
+* ``_provenance``: what a verdict covers (KUT content hash, platform,
+  versions, the sites' shapes and dtypes), ``provenance.json``;
 * ``_capture``, ``_capture_io``, ``_oplevel``: golden profiles with
   captured site inputs, and op-level playback on them;
 * ``_monitor``: a KUT inside a user's own training loop;
@@ -94,3 +99,4 @@ from peat_jax.profiler._scaleout import sharded_playback as sharded_playback
 from peat_jax.profiler._site_records import site_record as site_record
 from peat_jax.profiler._train_state import TrainState as TrainState
 from peat_jax.profiler._train_state import TrainTask as TrainTask
+from peat_jax.profiler._weights import distances as weight_distances

@@ -169,13 +169,16 @@ def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
     keep("golden", {"loss": loss, "weights": w})
   golden = byname["golden"]["loss"]
   if "spread" not in byname:
-    base_params: dict = {}
+    base_params: dict = {}  # the seed-0 run's weights at the saved counts
+
+    def keep_base(count: int, params) -> None:
+      if count in counts:
+        base_params[count] = params
+
     if start_step == 0:
       base, ref = golden, None  # golden: the checkpoints themselves
     else:
-      base = _train(golden_step, fresh_state(0), batch_at, steps,
-                    lambda c, p: base_params.__setitem__(c, p)
-                    if c in counts else None)
+      base = _train(golden_step, fresh_state(0), batch_at, steps, keep_base)
       ref = base_params.__getitem__
     runs = [train(golden_step, fresh_state(seed), ref) for seed in seeds]
     sp = np.max([np.abs(np.asarray(l) - np.asarray(base))

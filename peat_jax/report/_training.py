@@ -138,9 +138,8 @@ def covers_sentence(prov: Mapping) -> str:
               f", XLA flags {' '.join(flags) if flags else 'none'}"
               if vers else "unrecorded versions")
   sites = prov.get("sites") or []
-  shapes = sorted({f"{s.get('kernel', '?')} "
-                   f"{'x'.join(map(str, s['in_shapes'][0])) if s.get('in_shapes') else '?'}"
-                   for s in sites})
+  shapes = {(s.get("kernel"), site_inputs(s)) for s in sites
+            if s.get("in_shapes") is not None}
   steps = prov.get("checkpoint_steps") or []
   freqs = prov.get("frequencies") or []
   return (f"A pass covers exactly this and nothing else: KUT {kut['spec']}"
@@ -148,7 +147,8 @@ def covers_sentence(prov: Mapping) -> str:
           f"{'s' if len(sites) != 1 else ''} in phase"
           f"{'s' if len(prov.get('phases') or []) != 1 else ''} "
           f"{', '.join(prov.get('phases') or []) or 'none'} with the input "
-          f"shapes and dtypes listed ({len(shapes)} distinct), at checkpoint "
+          f"shapes and dtypes listed ({len(shapes)} distinct kernel "
+          f"signatures), at checkpoint "
           f"steps {steps or 'none'}, and in runtime FI at "
           f"{', '.join(freqs) if freqs else 'no frequency'}. Other shapes, "
           "dtypes, sites, phases, training states, platforms or versions "

@@ -213,6 +213,18 @@ def test_runtime_records_weight_distances_at_saved_steps(golden, tmp_path):
   assert again.runs == res.runs
 
 
+def test_runtime_from_a_later_checkpoint(golden, tmp_path):
+  res = peat.runtime(TASK, golden, KUT, frequencies=("every",), steps=2,
+                     start_step=2, seeds=(1,), campaign_dir=tmp_path)
+  recs = _records(tmp_path)
+  assert recs["golden"]["weights"]["steps"] == [4]
+  assert recs["golden"]["weights"]["w1_total"] == [0.0]
+  # Seed runs from fresh states, against a fresh seed-0 run, 2 steps in.
+  assert recs["spread"]["weights"]["steps"] == [4]
+  assert recs["spread"]["weights"]["rel_l2_total"][0] > 0.1
+  assert res.runs[0]["significance"]["step"] == 4
+
+
 def test_golden_kut_does_not_move_the_weights(golden, tmp_path):
   res = peat.runtime(TASK, golden, "golden", frequencies=("every",),
                      steps=4, seeds=(1,), campaign_dir=tmp_path)

@@ -20,7 +20,7 @@ import pytest
 
 from peat_jax import detector
 from peat_jax.profiler import _significance
-from peat_jax.profiler import _weights
+from peat_jax.profiler import weight_distances
 from peat_jax.report import _charts as _svg
 from peat_jax.core import PeatError
 from peat_jax.report import ReportPaths, render_html, write_report
@@ -138,7 +138,7 @@ SAVED = [10, 20, 30, 40, 50, 60]
 
 def _weights_record(run: list, golden: list) -> dict:
   """A run's weight distances at SAVED (the records' ``weights`` field)."""
-  rows = [_weights.distances({"w": run[s - 1]}, {"w": golden[s - 1]})
+  rows = [weight_distances({"w": run[s - 1]}, {"w": golden[s - 1]})
           for s in SAVED]
   out = {"steps": SAVED, "layers": rows[0]["layers"]}
   for m in ("w1", "rel_l2"):
