@@ -92,7 +92,11 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
   pb = _records.read_records(os.path.join(d, _records.PLAYBACK_FILE))
   ops = _records.read_records(os.path.join(d, OPS_FILE))
   if source == "auto":
-    source = "playback" if any(r.get("kind") == "site" for r in pb) else "ops"
+    # Op-level records only when there is nothing of playback: no site
+    # record and no crash finding (an isolated KUT that crashed at every
+    # checkpoint has findings and no record).
+    source = ("playback" if any(r.get("kind") == "site" for r in pb)
+              or _isolated.read_findings(d) or not ops else "ops")
   recs = pb if source == "playback" else ops
   sites = [r for r in recs if r.get("kind") == "site"]
   kuts = sorted({r["kut"] for r in sites})
