@@ -10,7 +10,7 @@ import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from peat_jax.core import PeatError
-from peat_jax.detector._facts import Diagnosis
+from peat_jax.detector._facts import Candidate, Diagnosis
 
 #: The verdicts, mildest first.
 VERDICTS = ("pass", "warn", "fail")
@@ -89,19 +89,40 @@ def verdict(diagnoses: Mapping[Any, Diagnosis] | Sequence[Diagnosis]
   return Verdict(top, deciding, models, summary)
 
 
+def diagnosis_record(diag: Diagnosis) -> dict:
+  """The msgpack-ready form of a Diagnosis stored in a site record.
+
+  Returns:
+    ``{"model", "confidence", "evidence", "verdict"}`` and, when the
+    diagnosis has one, ``"secondary": {"model", "confidence",
+    "evidence"}``.
+  """
+  out = {"model": diag.model, "confidence": float(diag.confidence),
+         "evidence": diag.evidence, "verdict": diag.verdict}
+  if diag.secondary is not None:
+    out["secondary"] = {"model": diag.secondary.model,
+                        "confidence": float(diag.secondary.confidence),
+                        "evidence": diag.secondary.evidence}
+  return out
+
+
 def diagnosis_of(record: Mapping[str, Any]) -> Diagnosis:
   """Rebuilds a Diagnosis (without candidates) from a stored site record.
 
   Args:
     record: a site record (``{"diagnosis": {"model", "confidence",
-      "evidence", "verdict"}, ...}``, docs/campaign.md).
+      "evidence", "verdict", "secondary"?}, ...}``, docs/campaign.md;
+      records written before secondary causes have none).
 
   Returns:
     The :class:`Diagnosis` (``params`` empty, no candidates).
   """
   d = record["diagnosis"]
+  sec = d.get("secondary")
+  second = (Candidate(sec["model"], sec["confidence"], sec["evidence"], {})
+            if sec else None)
   return Diagnosis(d["model"], d["confidence"], d["evidence"], {}, (),
-                   d["verdict"])
+                   d["verdict"], second)
 
 
 def localize(records: Sequence[Mapping[str, Any]],

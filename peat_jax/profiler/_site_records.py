@@ -108,7 +108,40 @@ def _signature(site: _sites.Site, params: dict, tp: _sites.Tap):
     ref = ref[0] if isinstance(ref, (tuple, list)) else ref
   if ref is not None and np.shape(ref) != np.shape(gold):
     ref = None
-  return _analyzer.analyze(test, gold, ref), _reduction(site, params)
+  return (_analyzer.analyze(test, gold, ref), _reduction(site, params), ref)
+
+
+def _port_probe(site, params, tp, sig, ref=None) -> dict | None:
+  """The port probe of a site whose signature calls for it
+  (peat.analyzer.needs_probe: a dense error beyond the golden kernel's
+  noise), or None: the composite's known constants and forms, and the
+  kernel on its inputs rounded to narrower formats."""
+  if not _analyzer.needs_probe(sig) or isinstance(tp.golden, tuple):
+    return None
+  if len(tp.inputs) != len(site.in_shapes) or any(
+      np.shape(x) != tuple(s) for x, s in zip(tp.inputs, site.in_shapes)):
+    return None  # scan-stacked taps: one probe per iteration is not kept
+  inputs = [np.asarray(x) for x in tp.inputs]
+  if ref is None:
+    ref = _site_reference(site, params, inputs)
+  if ref is None:
+    return None
+  args, kwargs = inputs, {}
+  if site.composite and "template" in params:
+    treedef, leaves, is_array = params["template"]
+    it = iter(inputs)
+    try:
+      args, kwargs = jax.tree.unflatten(treedef, [
+          next(it) if a else v for v, a in zip(leaves, is_array)])
+    except (TypeError, ValueError, StopIteration):
+      return None
+  try:
+    return _analyzer.port_probe(
+        site.kernel, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
+        ref, reference_fn=lambda *xs: _site_reference(site, params, xs),
+        reference_args=inputs)
+  except (TypeError, ValueError, PeatError):
+    return None
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
@@ -133,25 +166,30 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
     One msgpack-ready dict (``kind == "site"``) per site, in order.
   """
   done = _device_signatures(sites, device_refs) if device_refs else {}
-  pending = [(site, done[i], _reduction(site, params)) if i in done
+  pending = [(site, done[i], _reduction(site, params), None) if i in done
              else (site, *_signature(site, params, tp))
              for i, (site, params, tp) in enumerate(sites)]
   # Signatures of `done` are on the host already (packed transfer).
-  fetched = iter(jax.device_get([sig for i, (_, sig, _) in enumerate(pending)
+  fetched = iter(jax.device_get([p[1] for i, p in enumerate(pending)
                                  if i not in done]))
-  host = [sig if i in done else next(fetched)
-          for i, (_, sig, _) in enumerate(pending)]
+  host = [p[1] if i in done else next(fetched)
+          for i, p in enumerate(pending)]
   out = []
-  for (site, _, red), sig in zip(pending, host):
-    diag = _detector.detect(sig, context={"kernel": site.kernel,
-                                          "reduction": red})
-    out.append({
+  for (site, _, red, ref), sig, (_, params, tp) in zip(pending, host, sites):
+    context = {"kernel": site.kernel, "reduction": red}
+    probe = _port_probe(site, params, tp, sig, ref)
+    if probe is not None:
+      context["port"] = probe
+    diag = _detector.detect(sig, context=context)
+    rec = {
         "kind": "site", "kut": kut_spec, "step": step, "site": site.name,
         "kernel": site.kernel, "phase": site.phase, "reduction": red,
         "signature": signature_record(sig),
-        "diagnosis": {"model": diag.model,
-                      "confidence": float(diag.confidence),
-                      "evidence": diag.evidence, "verdict": diag.verdict}})
+        "diagnosis": _detector.diagnosis_record(diag)}
+    if probe is not None:
+      rec["port"] = {k: v for k, v in probe.items()
+                     if k not in ("evidence", "signature")}
+    out.append(rec)
   return out
 
 
