@@ -306,3 +306,34 @@ def test_validate_stores_backward_and_reports_backward_sites(goldens, tmp_path):
   with pytest.raises(peat.PeatError, match="backward: expected 'kut'"):
     peat.validate(DENSE, "test:bad_vjp", tmp_path, steps=4,
                   checkpoint_every=2, frequencies=(), progress=None)
+
+
+@pytest.mark.slow
+def test_isolated_campaign_runs_the_native_backward_target(tmp_path):
+  """validate in worker processes on the CNN: native conv2d in_bf16 with
+  its backward target at the five backward convolutions."""
+  factory = peat.TaskFactory("peat_jax.models", "get_task",
+                             {"name": "cnn", "batch_size": 16})
+  lines = []
+  paths = peat.validate(factory, "native:conv2d:in_bf16", tmp_path, steps=4,
+                        checkpoint_every=2, frequencies=("every",),
+                        runtime_steps=2, progress=lines.append,
+                        backward="kut")
+  assert any("isolated" in line and "(3 fwd, 5 bwd)" in line
+             for line in lines), lines
+  recs = peat.profiler.read_records(tmp_path / peat.profiler.PLAYBACK_FILE)
+  bwd = [r for r in recs if r.get("phase") == "bwd"]
+  assert len(bwd) == 10 and all(r["backward"] == "kut" for r in recs)
+  # The first conv's weight cotangent has the digits (exact in bf16) as
+  # its other operand: only the cotangent's rounding shows, about a
+  # quarter of bf16's error, which may read as tf32.
+  first_dw = "bwd/Cnn/Conv/conv_general_dilated:4"
+  assert {r["diagnosis"]["model"] for r in bwd if r["site"] != first_dw} == {
+      "precision:bf16"}
+  assert {r["diagnosis"]["model"] for r in bwd if r["site"] == first_dw} <= {
+      "precision:bf16", "precision:tf32"}
+  assert {r["diagnosis"]["verdict"] for r in bwd} == {"warn"}
+  assert paths.verdict == "warn"
+  rt = peat.profiler.read_records(tmp_path / peat.profiler.RUNTIME_FILE)
+  assert {r["name"] for r in rt if r.get("backward") == "kut"} == {
+      "golden", "spread", "every"}
