@@ -55,6 +55,7 @@ from jax.extend import core as jex_core
 
 from peat_jax.sites import _composite
 from peat_jax.sites import _discovery as _sites
+from peat_jax.sites import _backward
 from peat_jax.sites import _pairing
 from peat_jax.core import PeatError
 from peat_jax.sites._interpreter import (
@@ -167,7 +168,7 @@ def _resolve(sites: _sites.SiteTable, subs: Sequence[Substitution], tap: bool,
     if sub.backward == "kut":
       bmap = bmap or _pairing.analyze_backward(closed, sites)
       seen = {s.name for s in chosen}
-      chosen += [b.site for b in _pairing.backward_of(sites, chosen, bmap)
+      chosen += [b.site for b in _backward.backward_of(sites, chosen, bmap)
                  if b.site.name not in seen]
     for s in chosen:
       if s.address in actions:
@@ -243,7 +244,7 @@ def _kut_fn(eqn, action: _Action, rt: "_Runtime"):
   site = action.site
   if action.pair is not None:
     aval = eqn.outvars[0].aval
-    return lambda *a: [_pairing.vjp_output(action.pair, kut, list(a), rt.read,
+    return lambda *a: [_backward.vjp_output(action.pair, kut, list(a), rt.read,
                                            site.name, aval)]
   if site.composite:
     _, is_bwd, call = _composite.lookup(eqn.params["name"])
