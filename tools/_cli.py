@@ -268,6 +268,19 @@ def define_backward_flag(flag_values: flags.FlagValues):
       "directory holds one or the other.", flag_values=flag_values)
 
 
+def define_report_backward_flag(flag_values: flags.FlagValues):
+  """Defines --backward for the tools that read a campaign's records.
+
+  Returns:
+    The flag's holder (None: the campaign's setting).
+  """
+  return flags.DEFINE_enum(
+      "backward", None, ["golden", "kut"],
+      "The records of which backward setting (default: campaign.json's, "
+      "else kut when the KUT has only such records, else golden).",
+      flag_values=flag_values)
+
+
 class UsageError(ValueError):
   """A flag value a tool cannot run with (printed as ``error: ...``)."""
 

@@ -8,6 +8,7 @@ import pytest
 from peat_jax import profiler
 from peat_jax.tools import _cli
 from peat_jax.tools import playback
+from peat_jax.tools import report
 from peat_jax.tools import runtime
 from peat_jax.tools import scaleout
 from peat_jax.tools import validate
@@ -44,6 +45,12 @@ def test_playback_tool_records_and_summarizes_backward_sites(campaign, cli):
                                     "--steps=0"])
   assert rc == 0, err
   assert BWD not in out and "backward: kut" not in out
+  # The report tool reads either set (default: golden, as both are there).
+  for flag, has_bwd in (([], False), (["--backward=kut"], True)):
+    rc, out, err = cli.run(report, [f"--campaign_dir={d}",
+                                    f"--kut={cli.kut}"] + flag)
+    assert rc == 0, err
+    assert (BWD in out) == has_bwd
 
 
 def test_runtime_and_scaleout_tools_take_the_flag(campaign, cli):
