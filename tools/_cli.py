@@ -8,7 +8,8 @@ without clashing flag names; this module parses them and runs the tool's
 Also shared by the campaign tools: :class:`Eta` (progress lines with an
 ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
 (``--budget=64MiB``), :func:`make_task` (a scenario's task from flags),
-:func:`define_task_flags` (the flags that name a golden run's task) and
+:func:`define_task_flags` (the flags that name a golden run's task),
+:func:`define_backward_flag` (``--backward=golden|kut``) and
 :func:`campaign_dir_and_steps` (the campaign tools' required directory and
 step list).
 """
@@ -247,6 +248,37 @@ def define_task_flags(flag_values: flags.FlagValues,
                           flag_values=flag_values),
       flags.DEFINE_integer("seed", 0, f"{what} seed.",
                            flag_values=flag_values))
+
+
+def define_backward_flag(flag_values: flags.FlagValues):
+  """Defines --backward=golden|kut in a campaign tool's flags.
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+
+  Returns:
+    The flag's holder.
+  """
+  return flags.DEFINE_enum(
+      "backward", "golden", ["golden", "kut"],
+      "golden: the golden kernel at the backward sites (the forward-only "
+      "question); kut: the KUT's VJP at the backward sites of the selected "
+      "forward sites (native backward targets, torch autograd, a registered "
+      "KUT's own custom_vjp), each backward site recorded. A campaign "
+      "directory holds one or the other.", flag_values=flag_values)
+
+
+def define_report_backward_flag(flag_values: flags.FlagValues):
+  """Defines --backward for the tools that read a campaign's records.
+
+  Returns:
+    The flag's holder (None: the campaign's setting).
+  """
+  return flags.DEFINE_enum(
+      "backward", None, ["golden", "kut"],
+      "The records of which backward setting (default: campaign.json's, "
+      "else kut when the KUT has only such records, else golden).",
+      flag_values=flag_values)
 
 
 class UsageError(ValueError):

@@ -14,7 +14,10 @@ Model playback (default): for each saved checkpoint s of
 state, run step s once with the golden kernel and the KUT on identical
 inputs at every selected site, and record each site's signature and
 diagnosis plus the step's effect on loss, gradient norm and parameter update
-in <campaign_dir>/playback.msgpack. The golden run must exist
+in <campaign_dir>/playback.msgpack. With --backward=kut the KUT's VJP runs
+at the backward sites of the selected forward sites too, and each backward
+site is recorded (one signature per cotangent, against the golden VJP and a
+float64 reference VJP). The golden run must exist
 (peat-profile or peat-validate made it) and --scenario, --batch_size and
 --overrides must match it.
 
@@ -62,6 +65,7 @@ _STEPS = flags.DEFINE_list(
 _PHASE = flags.DEFINE_list(
     "phase", ["fwd"], "--ops only: site phases to play back (fwd, bwd); "
     "empty for every captured phase.", flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS, "Model playback: the golden run's")
 
 
@@ -75,7 +79,7 @@ def _model(directory: str, steps, kut) -> tuple[list, list, list]:
     n = len(steps)
   result = peat.playback(
       task, golden, kut, campaign_dir=directory, steps=steps,
-      select=_SELECT.value,
+      select=_SELECT.value, backward=_BACKWARD.value,
       progress=_cli.Eta(n, prefixes=("playback step",)))
   return result.records, result.sites, result.effects
 
@@ -101,6 +105,11 @@ def main(argv: list[str]) -> int:
   except _cli.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  if _OPS.value and _BACKWARD.value != "golden":
+    print("error: --ops replays captured site inputs, one kernel call at a "
+          "time, without the KUT's VJP; --backward=kut needs model playback "
+          "(drop --ops)", file=sys.stderr)
+    return 2
   try:
     kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
     with peat.profiler.campaign_lock(directory):
@@ -109,7 +118,7 @@ def main(argv: list[str]) -> int:
     data = peat.report.report_data(
         kut=_KUT.value, scenario=_TASK.scenario.value if not _OPS.value
         else "captured inputs", records=records, sites=sites,
-        effects=effects)
+        effects=effects, settings={"backward": _BACKWARD.value})
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -35,6 +35,7 @@ _SOURCE = flags.DEFINE_enum(
 _KUT = flags.DEFINE_string(
     "kut", None, "KUT to report (default: the campaign's, or the only one "
     "in the records).", flag_values=FLAGS)
+_BACKWARD = _cli.define_report_backward_flag(FLAGS)
 
 
 def main(argv: list[str]) -> int:
@@ -44,9 +45,8 @@ def main(argv: list[str]) -> int:
     print("error: --campaign_dir is required", file=sys.stderr)
     return 2
   try:
-    out = peat.rebuild_report(_CAMPAIGN_DIR.value,
-                                          kut=_KUT.value,
-                                          source=_SOURCE.value)
+    out = peat.rebuild_report(_CAMPAIGN_DIR.value, kut=_KUT.value,
+                              source=_SOURCE.value, backward=_BACKWARD.value)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -14,7 +14,9 @@ From the golden checkpoint --start_step of <campaign_dir>/golden, trains
   every_<n>      every call on steps where step % n == 0, golden otherwise
   fraction_<p>   a seeded random share p of the calls (seed 0)
 
-Errors persist and propagate, unlike playback FI. Each run's loss is
+With --backward=kut the KUT's VJP runs at the backward sites of the
+selected forward sites too (same schedule). Errors persist and propagate,
+unlike playback FI. Each run's loss is
 compared with the golden trajectory retrained from the same state; the
 golden seed-to-seed spread (fresh runs with --seeds) sets the divergence
 threshold: a run diverges at the first step whose loss is NaN/Inf, above
@@ -57,6 +59,7 @@ _SEEDS = flags.DEFINE_list(
 _SELECT = flags.DEFINE_string(
     "select", None, "fnmatch pattern narrowing the KUT's sites.",
     flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS)
 
 
@@ -97,7 +100,7 @@ def main(argv: list[str]) -> int:
           task, os.path.join(directory, "golden"), kut,
           frequencies=tuple(_FREQUENCIES.value), steps=_STEPS.value,
           start_step=_START.value, seeds=seeds, campaign_dir=directory,
-          select=_SELECT.value,
+          select=_SELECT.value, backward=_BACKWARD.value,
           progress=_cli.Eta(len(_FREQUENCIES.value), prefixes=("runtime ",)))
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)

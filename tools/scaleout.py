@@ -19,8 +19,9 @@ with --num_processes > 1 every process joins jax.distributed at
 --coordinator (process 0's host:port), plays its share into
 <campaign_dir>/playback_shards/, and process 0 merges the shards into
 <campaign_dir>/playback.msgpack. <campaign_dir> must be one directory shared
-by all hosts. Records equal those of peat-playback; finished steps are
-skipped (resume). peat-report turns them into the report.
+by all hosts. Records equal those of peat-playback (--backward=kut: with
+the KUT's VJP at the backward sites, as peat-playback --backward=kut);
+finished steps are skipped (resume). peat-report turns them into the report.
 
 Runtime (--mode=runtime): data-parallel runtime FI on this process's
 devices (batch split over them, KUT on every device's shard), records in
@@ -78,6 +79,7 @@ _RUNTIME_STEPS = flags.DEFINE_integer(
 _START_STEP = flags.DEFINE_integer(
     "start_step", 0, "Runtime: golden checkpoint to start from.",
     flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS)
 
 
@@ -102,7 +104,7 @@ def _playback(task, directory: str, steps, kut) -> None:
   result = peat.sharded_playback(
       task, os.path.join(directory, "golden"), kut,
       devices=_DEVICES.value, campaign_dir=directory, steps=steps,
-      select=_SELECT.value, progress=say)
+      select=_SELECT.value, progress=say, backward=_BACKWARD.value)
   if me != 0:
     return
   worst = {}
@@ -152,6 +154,11 @@ def main(argv: list[str]) -> int:
   many = _NUM_PROCESSES.value > 1
   try:
     kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
+    if _MODE.value == "runtime" and _BACKWARD.value != "golden":
+      raise peat.PeatError(
+          "--mode=runtime (data-parallel runtime FI) runs the KUT at forward "
+          "sites only; --backward=kut needs --mode=playback, or peat-runtime "
+          "--backward=kut on one device")
     if many and _MODE.value == "runtime":
       raise peat.PeatError(
           "--mode=runtime trains data-parallel on one process's devices; "

@@ -9,6 +9,9 @@ Usage::
 
 Runs (or resumes) the golden run, playback FI at every checkpoint, runtime FI
 at each frequency, the verdict and the report, all in ``--campaign_dir``.
+``--backward=kut`` also runs the KUT's VJP at the backward sites of its
+forward sites (each one recorded and diagnosed); the default
+``--backward=golden`` asks the forward-only question.
 
 The default KUT, ``native:conv2d:in_bf16``, replaces the three forward
 convolutions of the default CNN (where nearly all of its compute is) by the
@@ -74,6 +77,7 @@ _STARTUP_S = flags.DEFINE_float(
     "startup_s", peat.profiler.STARTUP_S,
     "Isolation: extra seconds for each worker's first checkpoint (import, "
     "tracing, compilation).", flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _MEMORY_LIMIT_MB = flags.DEFINE_integer(
     "memory_limit_mb", peat.profiler.MEMORY_LIMIT_MB,
     "Isolation: resident memory (MiB) a worker may use; 0 for no limit.",
@@ -89,7 +93,8 @@ def main(argv: list[str]) -> int:
     raise ValueError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)
   directory = os.path.abspath(_CAMPAIGN_DIR.value or os.path.join(
-      "runs", f"campaign_{_scenario()}_{_safe(_KUT.value)}"))
+      "runs", f"campaign_{_scenario()}_{_safe(_KUT.value)}"
+      + ("_bwd" if _BACKWARD.value == "kut" else "")))
   overrides = json.loads(_OVERRIDES.value) if _OVERRIDES.value else {}
   if _BATCH_SIZE.value:
     overrides["batch_size"] = _BATCH_SIZE.value
@@ -108,7 +113,8 @@ def main(argv: list[str]) -> int:
         seed=_SEED.value, scenario=_scenario(),
         isolate={"auto": None, "on": True, "off": False}[_ISOLATE.value],
         timeout_s=_TIMEOUT_S.value, startup_s=_STARTUP_S.value,
-        memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print)
+        memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print,
+        backward=_BACKWARD.value)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -172,7 +172,11 @@ def reference_softmax(x, axis: int = -1) -> np.ndarray:
     float64 array of x's shape.
   """
   _check_ndim(x, 1, "x")
-  return reference(lambda v: jax.nn.softmax(v, axis=axis), x)
+  return reference(lambda v: _softmax64(v, axis), x)
+
+
+def _softmax64(x, axis: int = -1):
+  return jax.nn.softmax(x, axis=axis)
 
 
 def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
@@ -193,18 +197,19 @@ def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
     float64 array of x's shape.
   """
   _check_ndim(x, 1, "x")
+  return reference(lambda v, s, b: _layer_norm64(v, s, b, eps, axis),
+                   x, scale, bias)
 
-  def f(v, s, b):
-    mu = jnp.mean(v, axis=axis, keepdims=True)
-    var = jnp.mean(jnp.square(v - mu), axis=axis, keepdims=True)
-    y = (v - mu) * lax.rsqrt(var + eps)
-    if s is not None:
-      y = y * s
-    if b is not None:
-      y = y + b
-    return y
 
-  return reference(f, x, scale, bias)
+def _layer_norm64(v, s=None, b=None, eps: float = 1e-6, axis: int = -1):
+  mu = jnp.mean(v, axis=axis, keepdims=True)
+  var = jnp.mean(jnp.square(v - mu), axis=axis, keepdims=True)
+  y = (v - mu) * lax.rsqrt(var + eps)
+  if s is not None:
+    y = y * s
+  if b is not None:
+    y = y + b
+  return y
 
 
 def reference_attention(q, k, v, mask=None, scale: float | None = None,
@@ -238,19 +243,21 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
         f"attention: q {np.shape(q)}, k {np.shape(k)}, v {np.shape(v)} "
         "disagree; expected q and k to share head_dim and k and v to share "
         "length. Fix: pass the site's q, k, v in that order.")
-  sc = 1.0 / math.sqrt(np.shape(q)[-1]) if scale is None else float(scale)
+  return reference(lambda qq, kk, vv, m, bb: _attention64(qq, kk, vv, m, scale,
+                                                         bb),
+                   q, k, v, mask, bias)
 
-  def f(qq, kk, vv, m, bb):
-    hp = lax.Precision.HIGHEST
-    logits = jnp.einsum("bthd,bshd->bhts", qq, kk, precision=hp) * sc
-    if bb is not None:
-      logits = logits + bb
-    if m is not None:
-      logits = jnp.where(m, logits, -jnp.inf)
-    w = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum("bhts,bshd->bthd", w, vv, precision=hp)
 
-  return reference(f, q, k, v, mask, bias)
+def _attention64(qq, kk, vv, m=None, scale: float | None = None, bb=None):
+  sc = 1.0 / math.sqrt(np.shape(qq)[-1]) if scale is None else float(scale)
+  hp = lax.Precision.HIGHEST
+  logits = jnp.einsum("bthd,bshd->bhts", qq, kk, precision=hp) * sc
+  if bb is not None:
+    logits = logits + bb
+  if m is not None:
+    logits = jnp.where(m, logits, -jnp.inf)
+  w = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum("bhts,bshd->bthd", w, vv, precision=hp)
 
 
 def reference_gelu(x, approximate: bool = False) -> np.ndarray:
@@ -264,7 +271,11 @@ def reference_gelu(x, approximate: bool = False) -> np.ndarray:
   Returns:
     float64 array of x's shape.
   """
-  return reference(lambda v: jax.nn.gelu(v, approximate=approximate), x)
+  return reference(lambda v: _gelu64(v, approximate), x)
+
+
+def _gelu64(x, approximate: bool = False):
+  return jax.nn.gelu(x, approximate=approximate)
 
 
 def reference_cross_entropy(logits, labels) -> np.ndarray:
@@ -293,15 +304,15 @@ def reference_cross_entropy(logits, labels) -> np.ndarray:
     raise PeatError(
         f"cross_entropy: float targets have shape {lb}; expected {ls}. Fix:"
         " pass one-hot or probability targets, or integer class ids.")
+  return reference(_cross_entropy64, logits, labels)
 
-  def f(z, y):
-    logp = jax.nn.log_softmax(z, axis=-1)
-    if int_labels:
-      return -jnp.take_along_axis(logp, y[..., None].astype(jnp.int32),
-                                  axis=-1)[..., 0]
-    return -jnp.sum(y * logp, axis=-1)
 
-  return reference(f, logits, labels)
+def _cross_entropy64(z, y):
+  logp = jax.nn.log_softmax(z, axis=-1)
+  if jnp.issubdtype(y.dtype, jnp.integer):
+    return -jnp.take_along_axis(logp, y[..., None].astype(jnp.int32),
+                                axis=-1)[..., 0]
+  return -jnp.sum(y * logp, axis=-1)
 
 
 #: Kernel name -> float64 reference helper.
@@ -315,6 +326,19 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "attention": reference_attention,
     "gelu": reference_gelu,
     "cross_entropy": reference_cross_entropy,
+}
+
+
+#: Composite kind -> its float64 reference as a traceable JAX function with
+#: the helper's signature (run it on float64 arrays with x64 enabled); the
+#: VJP of a composite's reference (:func:`reference_vjp_fn`) differentiates
+#: it.
+TRACED_REFERENCES: dict[str, Callable[..., Any]] = {
+    "softmax": _softmax64,
+    "layer_norm": _layer_norm64,
+    "attention": _attention64,
+    "gelu": _gelu64,
+    "cross_entropy": _cross_entropy64,
 }
 
 
@@ -350,6 +374,55 @@ def reference_fn(kernel: str, params: dict) -> Callable:
   raise PeatError(f"no float64 reference for kernel {kernel!r}; expected one "
                   f"of dot_general, conv_general_dilated, "
                   f"{', '.join(REFERENCES)}")
+
+
+def reference_vjp_fn(kernel: str, params: dict) -> Callable | None:
+  """The float64 VJP of a composite's reference, for its backward site.
+
+  A composite's backward site takes the forward call's array arguments
+  and the output cotangents and returns the cotangents of the
+  floating-point arguments; its reference is ``jax.vjp`` of the kind's
+  float64 reference (:data:`TRACED_REFERENCES`) at those arguments, applied
+  to the cotangents, all in float64.
+
+  Args:
+    kernel: the composite kind.
+    params: the recorded forward call ``{"template": (treedef, leaves,
+      is_array)}`` (``kernels.kut.recording``).
+
+  Returns:
+    ``f(*arrays, *cotangents) -> [float64 host cotangent per float
+    argument]``, or None for a kind without a traceable reference. ``f``
+    returns None when the reference's output does not have the
+    cotangents' shapes (a reference of another form than the marked
+    function, e.g. per-example cross-entropy of a mean loss).
+  """
+  core = TRACED_REFERENCES.get(kernel)
+  if core is None or "template" not in params:
+    return None
+  treedef, leaves, is_array = params["template"]
+  n = sum(is_array)
+
+  def vjp64(*xs):
+    arrays, cts = list(xs[:n]), list(xs[n:])
+    floats = [i for i, x in enumerate(arrays)
+              if jnp.issubdtype(x.dtype, jnp.floating)]
+
+    def run(*fl):
+      full = list(arrays)
+      for i, x in zip(floats, fl):
+        full[i] = x
+      it = iter(full)
+      lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
+      args, kwargs = jax.tree.unflatten(treedef, lv)
+      return jax.tree.leaves(core(*args, **kwargs))
+
+    outs, vjp = jax.vjp(run, *[arrays[i] for i in floats])
+    if [np.shape(o) for o in outs] != [np.shape(c) for c in cts]:
+      return None
+    return list(vjp([c.astype(o.dtype) for c, o in zip(cts, outs)]))
+
+  return lambda *xs: reference(vjp64, *xs)
 
 
 def reference_traced(kernel: str, params: dict) -> Callable | None:

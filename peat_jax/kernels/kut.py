@@ -10,8 +10,12 @@ A *KUT spec* names a kernel under test and where it runs in a training step:
 | ``native:softmax:<variant>`` | composite ``softmax`` sites (forward) | native softmax |
 | ``native:layer_norm:<variant>`` | composite ``layer_norm`` sites (forward) | native layer norm (``eps`` passed through) |
 
-Backward sites keep the golden kernel (``Substitution.backward="golden"``).
-Variants are those of :func:`peat_jax.kernels.native.variants`; a spec may
+Backward sites keep the golden kernel (``backward="golden"``, the default:
+the forward-only question); with ``backward="kut"`` the KUT's VJP runs at
+the backward sites of the selected forward sites (docs/kernels.md: for a
+native kernel, its backward FFI target; for a torch KUT, torch autograd
+through the bridge; for a registered KUT, its own ``custom_vjp`` or JAX's
+autodiff of it). Variants are those of :func:`peat_jax.kernels.native.variants`; a spec may
 end with ``@<tile>`` to set the native kernel's tile
 (``native:matmul:tile_edge_bug@24``).
 
@@ -39,8 +43,9 @@ from peat_jax.sites import GOLDEN
 from peat_jax.sites import Substitution
 from peat_jax.kernels import _variants
 
-__all__ = ["KutSpec", "as_spec", "broken_adapter", "dot_general_adapter",
-           "conv_adapter", "is_broken", "known_specs", "parse_kut",
+__all__ = ["BACKWARD", "KutSpec", "as_spec", "broken_adapter",
+           "check_backward", "dot_general_adapter", "conv_adapter",
+           "is_broken", "known_specs", "parse_kut",
            "register_kut", "resolve_kut"]
 
 # native kernel -> (site kernel name, phase)
@@ -292,6 +297,34 @@ def _composite_adapter(fn: Callable, variant: str, tile: int | None,
   return kut
 
 
+BACKWARD = ("golden", "kut")
+
+
+def check_backward(backward: str, spec: "str | KutSpec | None" = None) -> str:
+  """Validates a campaign's ``backward`` setting (for a KUT spec).
+
+  Args:
+    backward: ``"golden"`` (the golden kernel at backward sites: the
+      forward-only question) or ``"kut"`` (the KUT's VJP there).
+    spec: the KUT, when known.
+
+  Returns:
+    ``backward``.
+
+  Raises:
+    PeatError: another value, or ``"kut"`` for a deliberately broken KUT
+      (it has no backward).
+  """
+  if backward not in BACKWARD:
+    raise PeatError(f"backward must be 'golden' (the golden kernel at the "
+                    f"backward sites) or 'kut' (the KUT's VJP there); got "
+                    f"{backward!r}")
+  if backward == "kut" and spec is not None and is_broken(spec):
+    raise PeatError(f"KUT {as_spec(spec).spec!r} is deliberately broken and "
+                    "has no backward; run it with backward='golden'")
+  return backward
+
+
 def is_broken(spec: str | KutSpec) -> bool:
   """Whether a spec names a deliberately broken native kernel."""
   s = as_spec(spec)
@@ -368,7 +401,9 @@ def resolve_kut(spec: "str | KutSpec", *, pattern: str | None = None,
       parsed :class:`KutSpec`.
     pattern: optional ``fnmatch`` glob narrowing the sites.
     sites: optional explicit site names.
-    backward: ``"golden"`` (default) or ``"kut"`` for the backward sites.
+    backward: ``"golden"`` (default) or ``"kut"``: the KUT's VJP at the
+      backward sites of the selected forward sites
+      (:class:`peat_jax.Substitution`).
 
   Returns:
     A list of :class:`peat_jax.Substitution` selecting forward sites of the
@@ -385,7 +420,7 @@ def resolve_kut(spec: "str | KutSpec", *, pattern: str | None = None,
 
 
 def recording(kut: Any, site: str, kernel: str, composite: bool,
-              store: dict) -> Callable:
+              store: dict, *, vjp: bool = False) -> Callable:
   """Wraps a KUT so each trace records the site's call parameters.
 
   ``store[site]`` gets the primitive's params (primitives) or the call
@@ -393,6 +428,11 @@ def recording(kut: Any, site: str, kernel: str, composite: bool,
   :func:`reference_fn` turns into a float64 reference. ``GOLDEN`` is wrapped
   in the golden primitive / a pass-through for composites is not possible,
   so golden KUTs are recorded with the lax function of the kernel.
+
+  ``vjp=True`` marks a composite's backward site: the template (of the
+  forward call the KUT's VJP runs at) gets ``"vjp": True``, and the site's
+  reference is the VJP of the float64 reference
+  (:func:`peat_jax.analyzer.reference_vjp_fn`).
   """
   def wrapped(*args, **kwargs):
     if composite:
@@ -400,6 +440,8 @@ def recording(kut: Any, site: str, kernel: str, composite: bool,
       is_array = tuple(isinstance(x, (jax.Array, np.ndarray)) for x in leaves)
       store[site] = {"template": (treedef, tuple(
           None if a else x for x, a in zip(leaves, is_array)), is_array)}
+      if vjp:
+        store[site]["vjp"] = True
     else:
       store[site] = dict(kwargs)
     if kut == GOLDEN:

@@ -45,10 +45,11 @@ def _order(records: Sequence[dict]) -> list[str]:
   return out
 
 
-def _runtime_runs(records: Sequence[dict], kut: str, settings: dict
+def _runtime_runs(records: Sequence[dict], kut: str, settings: dict,
+                  backward: str = "golden"
                   ) -> tuple[list | None, dict | None]:
   """Runtime runs of a KUT in the report schema (the campaign's group)."""
-  recs = [r for r in records if r.get("kut") == kut]
+  recs = [r for r in records if _records.of_campaign(r, kut, backward)]
   if not recs:
     return None, None
   n = settings.get("runtime_steps", recs[-1]["n"])
@@ -64,7 +65,8 @@ def _runtime_runs(records: Sequence[dict], kut: str, settings: dict
 
 
 def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
-                     source: str = "auto") -> dict:
+                     source: str = "auto",
+                     backward: str | None = None) -> dict:
   """Builds the report data of a campaign directory from its files.
 
   Args:
@@ -74,6 +76,9 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
     source: ``"playback"`` (``playback.msgpack``), ``"ops"``
       (``ops.msgpack``, op-level playback) or ``"auto"`` (playback records
       when there are any, else op-level ones).
+    backward: the records of which ``backward`` setting (default:
+      ``campaign.json``'s, else ``"kut"`` when the KUT has only such
+      records, else ``"golden"``).
 
   Returns:
     The report data (:func:`peat_jax.report.report_data`).
@@ -107,23 +112,35 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
           f"{d}: expected the records of one KUT in its {source} records, "
           f"found {kuts or 'none'}. Fix: pass the KUT to report (--kut)")
     kut = kuts[0]
-  sites = [r for r in sites if r["kut"] == kut]
-  findings = _isolated.read_findings(d, kut) if source == "playback" else []
+  if backward is None:
+    backward = settings.get("backward")
+  if backward is None:
+    mine = {_records.record_backward(r) for r in sites if r["kut"] == kut}
+    backward = "kut" if mine == {"kut"} else "golden"
+  sites = [r for r in sites if _records.of_campaign(r, kut, backward)]
+  findings = (_isolated.read_findings(d, kut, backward)
+              if source == "playback" else [])
   if not sites and not findings:
     raise PeatError(f"{d} holds no {source} record of KUT {kut!r} (KUTs "
                     f"there: {kuts}); run playback first")
   effects = [r for r in recs if r.get("kind") == "effect"
-             and r.get("kut") == kut]
+             and _records.of_campaign(r, kut, backward)]
   rt, spread = _runtime_runs(
       _records.read_records(os.path.join(d, _records.RUNTIME_FILE)), kut,
-      settings)
+      settings, backward)
   scenario = settings.get("scenario") or run.get("task") or "unknown"
   shown = {k: v for k, v in settings.items() if k != "task_config"}
-  shown.setdefault("records", f"{source} ({len(sites)} site records)")
+  shown.setdefault("backward", backward)
+  nb = sum(r.get("phase") == "bwd" for r in sites)
+  shown.setdefault("records", f"{source} ({len(sites)} site records"
+                   + (f", {nb} at backward sites" if nb else "") + ")")
   sites.sort(key=lambda r: r["step"])
+  title = (f"peat_jax validation: {kut} with its VJP at the backward sites "
+           f"on {scenario}" if backward == "kut" else None)
   return _report.report_data(kut=kut, scenario=scenario, records=sites,
                      sites=_order(sites), effects=effects, runtime=rt,
-                     runtime_spread=spread, findings=findings, settings=shown)
+                     runtime_spread=spread, findings=findings, settings=shown,
+                     title=title)
 
 
 class Rebuilt(NamedTuple):
@@ -143,13 +160,15 @@ class Rebuilt(NamedTuple):
 
 
 def rebuild_report(directory: str | os.PathLike, *, kut: str | None = None,
-                   source: str = "auto") -> Rebuilt:
+                   source: str = "auto",
+                   backward: str | None = None) -> Rebuilt:
   """Rewrites a campaign's ``report.html`` and ``report.json`` from its files.
 
   Args:
     directory: the campaign directory.
     kut: see :func:`load_report_data`.
     source: see :func:`load_report_data`.
+    backward: see :func:`load_report_data`.
 
   Returns:
     :class:`Rebuilt`.
@@ -157,7 +176,8 @@ def rebuild_report(directory: str | os.PathLike, *, kut: str | None = None,
   Raises:
     PeatError: as :func:`load_report_data`.
   """
-  data: dict[str, Any] = load_report_data(directory, kut=kut, source=source)
+  data: dict[str, Any] = load_report_data(directory, kut=kut, source=source,
+                                          backward=backward)
   paths = _report.write_report(data, os.fspath(directory))
   return Rebuilt(str(paths.html), str(paths.json),
                  data["verdict"]["verdict"], data)
