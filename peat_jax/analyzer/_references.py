@@ -175,6 +175,42 @@ def reference_softmax(x, axis: int = -1) -> np.ndarray:
   return reference(lambda v: jax.nn.softmax(v, axis=axis), x)
 
 
+def reference_log_softmax(x, axis: int = -1) -> np.ndarray:
+  """float64 log-softmax along `axis` (the ``log_softmax`` composite kind).
+
+  Args:
+    x: logits.
+    axis: the normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+  return reference(lambda v: jax.nn.log_softmax(v, axis=axis), x)
+
+
+def reference_rms_norm(x, scale=None, eps: float = 1e-6,
+                       axis: int = -1) -> np.ndarray:
+  """float64 RMS norm: x / sqrt(mean(x**2) + eps) * scale, as nnx.RMSNorm.
+
+  Args:
+    x: input.
+    scale: optional scale, broadcast against the normalized axis.
+    eps: epsilon added to the mean square.
+    axis: normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+
+  def f(v, s):
+    y = v * lax.rsqrt(jnp.mean(jnp.square(v), axis=axis, keepdims=True) + eps)
+    return y if s is None else y * s
+
+  return reference(f, x, scale)
+
+
 def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
                          axis: int = -1) -> np.ndarray:
   """float64 layer norm: (x - mean) / sqrt(var + eps) * scale + bias.
@@ -208,7 +244,7 @@ def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
 
 
 def reference_attention(q, k, v, mask=None, scale: float | None = None,
-                        bias=None) -> np.ndarray:
+                        bias=None, is_causal: bool = False) -> np.ndarray:
   """float64 dot-product attention in Flax's layout.
 
   out[b, t, h, :] = sum_s softmax_s(scale * <q[b,t,h], k[b,s,h]> + bias
@@ -221,6 +257,8 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
     mask: optional boolean mask broadcastable to (B, H, T, S); True keeps.
     scale: logit scale (default 1 / sqrt(D)).
     bias: optional additive logit bias broadcastable to (B, H, T, S).
+    is_causal: also mask every key after its query (``s > t``), as
+      ``jax.nn.dot_product_attention(is_causal=True)``.
 
   Returns:
     float64 array (B, T, H, Dv).
@@ -239,6 +277,10 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
         "disagree; expected q and k to share head_dim and k and v to share "
         "length. Fix: pass the site's q, k, v in that order.")
   sc = 1.0 / math.sqrt(np.shape(q)[-1]) if scale is None else float(scale)
+  if is_causal:
+    causal = np.tril(np.ones((np.shape(q)[1], np.shape(k)[1]), bool))
+    mask = causal if mask is None else np.logical_and(np.asarray(mask),
+                                                      causal)
 
   def f(qq, kk, vv, m, bb):
     hp = lax.Precision.HIGHEST
@@ -267,17 +309,19 @@ def reference_gelu(x, approximate: bool = False) -> np.ndarray:
   return reference(lambda v: jax.nn.gelu(v, approximate=approximate), x)
 
 
-def reference_cross_entropy(logits, labels) -> np.ndarray:
+def reference_cross_entropy(logits, labels,
+                            reduction: str = "none") -> np.ndarray:
   """float64 per-example softmax cross-entropy over the last axis.
 
   Args:
     logits: (..., K).
     labels: integer class ids (...) or float targets (..., K) (one-hot or
       probabilities).
+    reduction: ``"none"`` (per example) or ``"mean"`` (their mean).
 
   Returns:
     float64 losses (...): logsumexp(logits) - logits[label], or
-    -sum(targets * log_softmax(logits)).
+    -sum(targets * log_softmax(logits)); their mean for ``"mean"``.
 
   Raises:
     PeatError: labels' shape fits neither form.
@@ -301,7 +345,11 @@ def reference_cross_entropy(logits, labels) -> np.ndarray:
                                   axis=-1)[..., 0]
     return -jnp.sum(y * logp, axis=-1)
 
-  return reference(f, logits, labels)
+  if reduction not in ("none", "mean"):
+    raise PeatError(f"cross_entropy: reduction {reduction!r}; expected "
+                    "'none' or 'mean'")
+  out = reference(f, logits, labels)
+  return np.mean(out) if reduction == "mean" else out
 
 
 #: Kernel name -> float64 reference helper.
@@ -311,7 +359,9 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "conv": reference_conv,
     "conv_general_dilated": reference_conv,
     "softmax": reference_softmax,
+    "log_softmax": reference_log_softmax,
     "layer_norm": reference_layer_norm,
+    "rms_norm": reference_rms_norm,
     "attention": reference_attention,
     "gelu": reference_gelu,
     "cross_entropy": reference_cross_entropy,

@@ -48,10 +48,15 @@ def import_user_module(module: str, what: str) -> Any:
       if attempt == 0 and cwd not in sys.path:
         sys.path.insert(0, cwd)
         continue
+      top = module.split(".")[0]
+      where = (f"{'/'.join(module.split('.')[:-1])}/ has no "
+               f"{module.split('.')[-1]}.py" if missing != top
+               else f"no {top}.py or {top}/ there")
       raise PeatError(
-          f"{what}: module {module!r} not found on sys.path or in the "
-          f"current directory {cwd}. Fix: run from the directory that holds "
-          f"{module.split('.')[0]}.py, or add it to PYTHONPATH") from err
+          f"{what}: module {module!r} cannot be imported: not found on "
+          f"sys.path or in the current directory {cwd} ({where}). Fix: run "
+          "from the directory that holds it, or add that directory to "
+          "PYTHONPATH") from err
     except Exception as err:  # the user's module raised while importing
       raise PeatError(f"{what}: importing module {module!r} failed: "
                       f"{type(err).__name__}: {err}") from err

@@ -248,7 +248,7 @@ def as_spec(spec: "str | KutSpec", kernel: str | None = None) -> KutSpec:
                       f"{spec.site_kernel!r} sites; kernel={kernel!r} does "
                       "not match")
     return spec
-  return parse_kut(spec, kernel)
+  return parse_kut(spec) if kernel is None else parse_kut(spec, kernel)
 
 
 # ------------------------------------------------------------- adapters

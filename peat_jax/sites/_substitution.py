@@ -222,6 +222,11 @@ def _checked(fn, eqn, site):
       if site.name in str(err):
         raise
       raise PeatError(f"at site {site.name!r}: {err}") from err
+    except Exception as err:  # the KUT itself failed while being traced
+      raise PeatError(
+          f"the KUT at site {site.name!r} raised {type(err).__name__}: "
+          f"{err}. Fix the KUT, or leave the site out of the selection"
+      ) from err
     if len(outs) != len(eqn.outvars):
       raise PeatError(
           f"KUT at site {site.name!r} returned {len(outs)} outputs; expected {len(eqn.outvars)}"
