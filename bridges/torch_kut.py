@@ -303,13 +303,9 @@ def _same_float_dtype(kind: str, **arrays) -> None:
 
 
 def _check_preferred(kind: str, dtype, preferred) -> None:
-  if preferred is not None and jnp.dtype(preferred) != jnp.dtype(dtype):
-    raise PeatError(
-        f"torch {kind} KUT: the site asks for a {jnp.dtype(preferred)} result "
-        f"from {jnp.dtype(dtype)} operands (preferred_element_type); the "
-        "torch kernel computes in the operands' dtype and the bridge does not "
-        "cast silently. Select other sites or register a KUT that returns "
-        f"{jnp.dtype(preferred)}")
+  from peat_jax import kernels  # pylint: disable=g-import-not-at-top
+
+  kernels.check_preferred(f"torch {kind} KUT", dtype, preferred)
 
 
 def dot_general_kut(fn: Callable, *, name: str = "matmul") -> Callable:

@@ -26,3 +26,4 @@ from peat_jax.kernels.kut import register_source as register_source
 from peat_jax.kernels.kut import as_spec as as_spec
 from peat_jax.kernels._user import ADAPTED_KERNELS as ADAPTED_KERNELS
 from peat_jax.kernels._user import CONVENTIONS as CONVENTIONS
+from peat_jax.kernels._user import check_preferred as check_preferred

@@ -61,6 +61,30 @@ def convention(kernel: str) -> str:
       "parameters (a composite: the marked function's arguments)")
 
 
+def check_preferred(what: str, dtype, preferred) -> None:
+  """Refuses a site whose result dtype differs from its operands'.
+
+  A KUT that computes in the operands' dtype (an FFI handler, a torch
+  kernel) cannot return a ``preferred_element_type`` of another dtype, and
+  peat_jax never casts silently.
+
+  Args:
+    what: the KUT, for the message (``"KUT ffi:..."``).
+    dtype: the operands' dtype.
+    preferred: the site's ``preferred_element_type`` (None: the same).
+
+  Raises:
+    PeatError: they differ.
+  """
+  if preferred is not None and np.dtype(preferred) != np.dtype(dtype):
+    raise PeatError(
+        f"{what}: the site asks for a {np.dtype(preferred)} result of "
+        f"{np.dtype(dtype)} operands (preferred_element_type); the kernel "
+        "computes in the operands' dtype and peat_jax never casts silently. "
+        f"Select other sites, or use a KUT that returns "
+        f"{np.dtype(preferred)}")
+
+
 def is_user_spec(spec: str) -> bool:
   """Whether a spec string names the user's own code (py:, ffi:, torch:m:f)."""
   body = spec.rpartition("@")[0] if "@" in spec else spec

@@ -130,12 +130,7 @@ def _floats(lib: _Lib, **arrays) -> jnp.dtype:
 
 
 def _preferred(lib: _Lib, dtype, preferred) -> None:
-  if preferred is not None and jnp.dtype(preferred) != jnp.dtype(dtype):
-    raise PeatError(
-        f"KUT {lib.spec}: the site asks for a {jnp.dtype(preferred)} result "
-        f"of {jnp.dtype(dtype)} operands (preferred_element_type); the FFI "
-        "convention returns the operands' dtype and peat_jax never casts "
-        "silently. Select other sites")
+  _user.check_preferred(f"KUT {lib.spec}", dtype, preferred)
 
 
 # ------------------------------------------------------------- adapters
