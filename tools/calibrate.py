@@ -187,8 +187,8 @@ def build_cases(rows: int = 256, warmup: int = 30,
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   logging.set_verbosity(logging.WARNING)
   cases = build_cases(_ROWS.value, _WARMUP.value)
   print(f"{len(cases)} captured cases: " + ", ".join(

@@ -111,8 +111,8 @@ def _campaign_dir(directory: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   if bool(_SIGNATURE.value) == bool(_CAMPAIGN_DIR.value):
     print("error: give exactly one of --signature and --campaign_dir",
           file=sys.stderr)

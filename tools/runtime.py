@@ -41,10 +41,7 @@ import peat_jax as peat
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory holding golden/. Required.",
     flag_values=FLAGS)
-_KUT = flags.DEFINE_string(
-    "kut", "native:conv2d:in_bf16",
-    "KUT spec: golden or native:<kernel>:<variant>[@tile].",
-    flag_values=FLAGS)
+_KUT = _cli.define_kut_flags(FLAGS)
 _FREQUENCIES = flags.DEFINE_list(
     "frequencies", ["every", "every_4", "fraction_0.25"],
     "Frequencies: every, every_<n>, fraction_<p>.", flag_values=FLAGS)
@@ -78,8 +75,8 @@ def summary(result: peat.RuntimeResult) -> str:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   try:
     directory, _ = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value, None)
     seeds = tuple(int(s) for s in _SEEDS.value)
@@ -91,7 +88,7 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 2
   try:
-    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
+    kut = _KUT.spec()  # parsed once, before any work
     for f in _FREQUENCIES.value:
       peat.profiler.parse_frequency(f)
     task = _TASK.task(directory)
@@ -102,7 +99,7 @@ def main(argv: list[str]) -> int:
           start_step=_START.value, seeds=seeds, campaign_dir=directory,
           select=_SELECT.value, backward=_BACKWARD.value,
           progress=_cli.Eta(len(_FREQUENCIES.value), prefixes=("runtime ",)))
-  except peat.PeatError as e:
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(summary(result))

@@ -46,10 +46,7 @@ from peat_jax import models  # pylint: disable=g-import-not-at-top,wrong-import-
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory holding golden/ (shared by all "
     "hosts). Required.", flag_values=FLAGS)
-_KUT = flags.DEFINE_string(
-    "kut", "native:conv2d:in_bf16",
-    "KUT spec: golden or native:<kernel>:<variant>[@tile].",
-    flag_values=FLAGS)
+_KUT = _cli.define_kut_flags(FLAGS)
 _MODE = flags.DEFINE_enum(
     "mode", "playback", ["playback", "runtime"],
     "playback: playback FI over devices and processes; runtime: "
@@ -84,7 +81,7 @@ _TASK = _cli.define_task_flags(FLAGS)
 
 
 def _task(directory: str):
-  if (_NUM_PROCESSES.value > 1
+  if (_NUM_PROCESSES.value > 1 and not _TASK.user.value
       and models.scenario_config(_TASK.scenario.value).get("pretrain")):
     raise peat.PeatError(
         f"scenario {_TASK.scenario.value!r} finetunes a pretraining checkpoint, "
@@ -143,8 +140,8 @@ def _work(task, directory: str, steps, kut) -> None:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   try:
     directory, steps = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value,
                                                    _STEPS.value)
@@ -153,7 +150,7 @@ def main(argv: list[str]) -> int:
     return 2
   many = _NUM_PROCESSES.value > 1
   try:
-    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
+    kut = _KUT.spec()  # parsed once, before any work
     if _MODE.value == "runtime" and _BACKWARD.value != "golden":
       raise peat.PeatError(
           "--mode=runtime (data-parallel runtime FI) runs the KUT at forward "
@@ -173,7 +170,7 @@ def main(argv: list[str]) -> int:
     else:
       with peat.profiler.campaign_lock(directory):
         _work(task, directory, steps, kut)
-  except peat.PeatError as e:
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

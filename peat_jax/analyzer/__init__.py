@@ -35,6 +35,8 @@ from peat_jax.analyzer._references import reference_dot_general as reference_dot
 from peat_jax.analyzer._references import reference_fn as reference_fn
 from peat_jax.analyzer._references import reference_gelu as reference_gelu
 from peat_jax.analyzer._references import reference_layer_norm as reference_layer_norm
+from peat_jax.analyzer._references import reference_log_softmax as reference_log_softmax
+from peat_jax.analyzer._references import reference_rms_norm as reference_rms_norm
 from peat_jax.analyzer._references import reference_matmul as reference_matmul
 from peat_jax.analyzer._references import reference_softmax as reference_softmax
 from peat_jax.analyzer._references import reference_traced as reference_traced

@@ -179,6 +179,43 @@ def _softmax64(x, axis: int = -1):
   return jax.nn.softmax(x, axis=axis)
 
 
+def reference_log_softmax(x, axis: int = -1) -> np.ndarray:
+  """float64 log-softmax along `axis` (the ``log_softmax`` composite kind).
+
+  Args:
+    x: logits.
+    axis: the normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+  return reference(lambda v: jax.nn.log_softmax(v, axis=axis), x)
+
+
+def reference_rms_norm(x, scale=None, eps: float = 1e-6,
+                       axis: int = -1) -> np.ndarray:
+  """float64 RMS norm: x / sqrt(mean(x**2) + eps) * scale, as nnx.RMSNorm.
+
+  Args:
+    x: input.
+    scale: optional scale, broadcast against the normalized axis.
+    eps: epsilon added to the mean square.
+    axis: normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+
+  return reference(lambda v, s: _rms_norm64(v, s, eps, axis), x, scale)
+
+
+def _rms_norm64(v, s=None, eps: float = 1e-6, axis: int = -1):
+  y = v * lax.rsqrt(jnp.mean(jnp.square(v), axis=axis, keepdims=True) + eps)
+  return y if s is None else y * s
+
+
 def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
                          axis: int = -1) -> np.ndarray:
   """float64 layer norm: (x - mean) / sqrt(var + eps) * scale + bias.
@@ -213,7 +250,7 @@ def _layer_norm64(v, s=None, b=None, eps: float = 1e-6, axis: int = -1):
 
 
 def reference_attention(q, k, v, mask=None, scale: float | None = None,
-                        bias=None) -> np.ndarray:
+                        bias=None, is_causal: bool = False) -> np.ndarray:
   """float64 dot-product attention in Flax's layout.
 
   out[b, t, h, :] = sum_s softmax_s(scale * <q[b,t,h], k[b,s,h]> + bias
@@ -226,6 +263,8 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
     mask: optional boolean mask broadcastable to (B, H, T, S); True keeps.
     scale: logit scale (default 1 / sqrt(D)).
     bias: optional additive logit bias broadcastable to (B, H, T, S).
+    is_causal: also mask every key after its query (``s > t``), as
+      ``jax.nn.dot_product_attention(is_causal=True)``.
 
   Returns:
     float64 array (B, T, H, Dv).
@@ -243,6 +282,10 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
         f"attention: q {np.shape(q)}, k {np.shape(k)}, v {np.shape(v)} "
         "disagree; expected q and k to share head_dim and k and v to share "
         "length. Fix: pass the site's q, k, v in that order.")
+  if is_causal:
+    causal = np.tril(np.ones((np.shape(q)[1], np.shape(k)[1]), bool))
+    mask = causal if mask is None else np.logical_and(np.asarray(mask),
+                                                      causal)
   return reference(lambda qq, kk, vv, m, bb: _attention64(qq, kk, vv, m, scale,
                                                          bb),
                    q, k, v, mask, bias)
@@ -278,17 +321,19 @@ def _gelu64(x, approximate: bool = False):
   return jax.nn.gelu(x, approximate=approximate)
 
 
-def reference_cross_entropy(logits, labels) -> np.ndarray:
+def reference_cross_entropy(logits, labels,
+                            reduction: str = "none") -> np.ndarray:
   """float64 per-example softmax cross-entropy over the last axis.
 
   Args:
     logits: (..., K).
     labels: integer class ids (...) or float targets (..., K) (one-hot or
       probabilities).
+    reduction: ``"none"`` (per example) or ``"mean"`` (their mean).
 
   Returns:
     float64 losses (...): logsumexp(logits) - logits[label], or
-    -sum(targets * log_softmax(logits)).
+    -sum(targets * log_softmax(logits)); their mean for ``"mean"``.
 
   Raises:
     PeatError: labels' shape fits neither form.
@@ -304,7 +349,11 @@ def reference_cross_entropy(logits, labels) -> np.ndarray:
     raise PeatError(
         f"cross_entropy: float targets have shape {lb}; expected {ls}. Fix:"
         " pass one-hot or probability targets, or integer class ids.")
-  return reference(_cross_entropy64, logits, labels)
+  if reduction not in ("none", "mean"):
+    raise PeatError(f"cross_entropy: reduction {reduction!r}; expected "
+                    "'none' or 'mean'")
+  out = reference(_cross_entropy64, logits, labels)
+  return np.mean(out) if reduction == "mean" else out
 
 
 def _cross_entropy64(z, y):
@@ -315,6 +364,23 @@ def _cross_entropy64(z, y):
   return -jnp.sum(y * logp, axis=-1)
 
 
+def _attention_call64(q, k, v, mask=None, *, bias=None, scale=None,
+                      is_causal=False):
+  """:func:`_attention64` with the attention composite's KUT signature."""
+  if is_causal:
+    causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    mask = causal if mask is None else jnp.logical_and(mask, causal)
+  return _attention64(q, k, v, mask, scale, bias)
+
+
+def _cross_entropy_call64(z, y, reduction: str = "mean"):
+  """:func:`_cross_entropy64` with the composite's KUT signature: the mean
+  by default (the reference models' composite), per example for
+  ``reduction="none"`` (optax's)."""
+  out = _cross_entropy64(z, y)
+  return jnp.mean(out) if reduction == "mean" else out
+
+
 #: Kernel name -> float64 reference helper.
 REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "matmul": reference_matmul,
@@ -322,7 +388,9 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "conv": reference_conv,
     "conv_general_dilated": reference_conv,
     "softmax": reference_softmax,
+    "log_softmax": reference_log_softmax,
     "layer_norm": reference_layer_norm,
+    "rms_norm": reference_rms_norm,
     "attention": reference_attention,
     "gelu": reference_gelu,
     "cross_entropy": reference_cross_entropy,
@@ -335,10 +403,12 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
 #: it.
 TRACED_REFERENCES: dict[str, Callable[..., Any]] = {
     "softmax": _softmax64,
+    "log_softmax": lambda x, axis=-1: jax.nn.log_softmax(x, axis=axis),
     "layer_norm": _layer_norm64,
-    "attention": _attention64,
+    "rms_norm": _rms_norm64,
+    "attention": _attention_call64,
     "gelu": _gelu64,
-    "cross_entropy": _cross_entropy64,
+    "cross_entropy": _cross_entropy_call64,
 }
 
 

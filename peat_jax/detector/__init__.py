@@ -30,12 +30,14 @@ from peat_jax.detector._facts import PRECISION_MODELS as PRECISION_MODELS
 from peat_jax.detector._facts import Candidate as Candidate
 from peat_jax.detector._facts import Diagnosis as Diagnosis
 from peat_jax.detector._facts import host_signature as host_signature
+from peat_jax.detector._verdict import FAIL_ON as FAIL_ON
 from peat_jax.detector._verdict import LOCALIZE_NOISE_RATIO as LOCALIZE_NOISE_RATIO
 from peat_jax.detector._verdict import VERDICTS as VERDICTS
 from peat_jax.detector._verdict import Verdict as Verdict
 from peat_jax.detector._verdict import diagnosis_of as diagnosis_of
 from peat_jax.detector._verdict import diagnosis_record as diagnosis_record
 from peat_jax.detector._verdict import localize as localize
+from peat_jax.detector._verdict import reaches as reaches
 from peat_jax.detector._verdict import severity as severity
 from peat_jax.detector._verdict import verdict as verdict
 from peat_jax.detector._verdict import worst as worst

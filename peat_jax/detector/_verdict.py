@@ -37,6 +37,25 @@ def worst(verdicts: Iterable[str], default: str = "pass") -> str:
   return max(verdicts, key=severity, default=default)
 
 
+#: Thresholds of ``--fail_on`` / ``fail_on=``: the verdict that fails a run.
+FAIL_ON = ("fail", "warn", "never")
+
+
+def reaches(v: str, fail_on: str) -> bool:
+  """Whether verdict ``v`` reaches the threshold ``fail_on``.
+
+  ``fail_on="fail"``: only ``fail``; ``"warn"``: ``warn`` or ``fail``;
+  ``"never"``: nothing (CI exit status 1 when it is reached).
+
+  Raises:
+    PeatError: an unknown verdict or threshold.
+  """
+  if fail_on not in FAIL_ON:
+    raise PeatError(f"fail_on must be one of {', '.join(FAIL_ON)}; got "
+                    f"{fail_on!r}")
+  return fail_on != "never" and severity(v) >= severity(fail_on)
+
+
 class Verdict(NamedTuple):
   """A kernel under test's verdict over many (site, step) records.
 

@@ -146,17 +146,18 @@ def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,
                    factory: TaskFactory | None,
                    say: Callable[[str], None]) -> bool:
   """Whether validate runs the KUT in worker processes (see validate)."""
+  native_code = spec.source in ("native", "ffi")  # may crash the process
   if isolate is None:
-    isolate = spec.source == "native" and factory is not None
-    if spec.source == "native" and factory is None:
+    isolate = native_code and factory is not None
+    if native_code and factory is None:
       if _kut.is_broken(spec):
         raise PeatError(
             f"KUT {spec.spec!r} is deliberately broken (it crashes, hangs or "
             "exhausts memory) and needs process isolation, which needs a "
             "peat.TaskFactory instead of a TrainTask (e.g. "
             "TaskFactory('peat_jax.models', 'get_task', {'name': 'cnn'})).")
-      say("[isolation] off: native KUTs run in worker processes when "
-          "validate gets a peat.TaskFactory instead of a TrainTask")
+      say("[isolation] off: native: and ffi: KUTs run in worker processes "
+          "when validate gets a peat.TaskFactory instead of a TrainTask")
   if isolate and factory is None:
     raise PeatError("isolate=True needs a peat.TaskFactory (a picklable "
                     "recipe that rebuilds the task in a worker process) "
@@ -208,7 +209,8 @@ def validate(task: TrainTask | TaskFactory,
     seed: golden seed.
     scenario: the scenario's label in the report (default ``task.name``).
     isolate: run playback and runtime FI in worker processes. None
-      (default): yes for native KUTs when ``task`` is a TaskFactory.
+      (default): yes for native: and ffi: KUTs when ``task`` is a
+      TaskFactory.
       Deliberately broken KUTs require it.
     timeout_s: isolation: time limit of one checkpoint / frequency.
     startup_s: isolation: extra time of the first checkpoint / frequency of

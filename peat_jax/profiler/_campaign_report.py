@@ -64,14 +64,49 @@ def _runtime_runs(records: Sequence[dict], kut: str, settings: dict,
   return result.runs, result.spread
 
 
-def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
-                     source: str = "auto",
-                     backward: str | None = None) -> dict:
-  """Builds the report data of a campaign directory from its files.
+class CampaignFiles(NamedTuple):
+  """What a campaign directory holds, read once (the one reader of it).
+
+  Attributes:
+    directory: the campaign directory (absolute).
+    settings: ``campaign.json`` (empty when there is none).
+    run: ``golden/run.json`` (empty when there is none).
+    source: ``"playback"`` or ``"ops"``: which site records.
+    kut: the KUT reported.
+    kuts: every KUT with site records of that source.
+    sites: the KUT's site records, by step.
+    effects: its playback effect records.
+    findings: its crash and hang findings (playback source only).
+    runtime: its runtime runs in the report schema, or None.
+    runtime_spread: the seed-to-seed spread, or None.
+    scenario: the scenario's label.
+    backward: the campaign's backward setting of the records read.
+  """
+
+  directory: str
+  settings: dict
+  run: dict
+  source: str
+  kut: str
+  kuts: list
+  sites: list
+  effects: list
+  findings: list
+  runtime: list | None
+  runtime_spread: dict | None
+  scenario: str
+  backward: str
+
+
+def read_campaign_files(directory: str | os.PathLike, *,
+                        kut: str | None = None,
+                        source: str = "auto",
+                        backward: str | None = None) -> CampaignFiles:
+  """Reads a campaign directory's settings and records of one KUT.
 
   Args:
     directory: the campaign directory.
-    kut: the KUT to report (default: ``campaign.json``'s, or the only KUT
+    kut: the KUT to read (default: ``campaign.json``'s, or the only KUT
       in the record file).
     source: ``"playback"`` (``playback.msgpack``), ``"ops"``
       (``ops.msgpack``, op-level playback) or ``"auto"`` (playback records
@@ -81,11 +116,11 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
       records, else ``"golden"``).
 
   Returns:
-    The report data (:func:`peat_jax.report.report_data`).
+    :class:`CampaignFiles`.
 
   Raises:
     PeatError: a missing directory, an unknown source, no record, several
-      KUTs and no ``kut``.
+      KUTs and no ``kut``, a corrupt file.
   """
   d = os.path.abspath(os.fspath(directory))
   if not os.path.isdir(d):
@@ -129,18 +164,47 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
       _records.read_records(os.path.join(d, _records.RUNTIME_FILE)), kut,
       settings, backward)
   scenario = settings.get("scenario") or run.get("task") or "unknown"
-  shown = {k: v for k, v in settings.items() if k != "task_config"}
-  shown.setdefault("backward", backward)
-  nb = sum(r.get("phase") == "bwd" for r in sites)
-  shown.setdefault("records", f"{source} ({len(sites)} site records"
-                   + (f", {nb} at backward sites" if nb else "") + ")")
   sites.sort(key=lambda r: r["step"])
-  title = (f"peat_jax validation: {kut} with its VJP at the backward sites "
-           f"on {scenario}" if backward == "kut" else None)
-  return _report.report_data(kut=kut, scenario=scenario, records=sites,
-                     sites=_order(sites), effects=effects, runtime=rt,
-                     runtime_spread=spread, findings=findings, settings=shown,
-                     title=title)
+  return CampaignFiles(d, settings, run, source, kut, kuts, sites, effects,
+                       findings, rt, spread, scenario, backward)
+
+
+def report_data_of(files: CampaignFiles) -> dict:
+  """The report data (:func:`peat_jax.report.report_data`) of read files."""
+  shown = {k: v for k, v in files.settings.items() if k != "task_config"}
+  shown.setdefault("backward", files.backward)
+  nb = sum(r.get("phase") == "bwd" for r in files.sites)
+  shown.setdefault("records", f"{files.source} ({len(files.sites)} site "
+                   "records" + (f", {nb} at backward sites" if nb else "")
+                   + ")")
+  title = (f"peat_jax validation: {files.kut} with its VJP at the backward "
+           f"sites on {files.scenario}" if files.backward == "kut" else None)
+  return _report.report_data(
+      kut=files.kut, scenario=files.scenario, records=files.sites,
+      sites=_order(files.sites), effects=files.effects, runtime=files.runtime,
+      runtime_spread=files.runtime_spread, findings=files.findings,
+      settings=shown, title=title)
+
+
+def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
+                     source: str = "auto",
+                     backward: str | None = None) -> dict:
+  """Builds the report data of a campaign directory from its files.
+
+  Args:
+    directory: the campaign directory.
+    kut: see :func:`read_campaign_files`.
+    source: see :func:`read_campaign_files`.
+    backward: see :func:`read_campaign_files`.
+
+  Returns:
+    The report data (:func:`peat_jax.report.report_data`).
+
+  Raises:
+    PeatError: as :func:`read_campaign_files`.
+  """
+  return report_data_of(read_campaign_files(directory, kut=kut,
+                                            source=source, backward=backward))
 
 
 class Rebuilt(NamedTuple):

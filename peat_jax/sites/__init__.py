@@ -3,8 +3,10 @@
 A *site* is one call of a kernel inside a traced step (docs/sites.md).
 Private modules: ``_discovery`` (tracing, walking the jaxpr, stable site
 names, selection), ``_composite`` (the ``@peat.composite`` marker of
-composite kernels), ``_schedules`` (when a KUT runs: every call, every n-th
-step, a seeded fraction), ``_substitution`` (a KUT in place of the golden
+composite kernels), ``_recognize`` (the standard JAX, Flax and Optax
+implementations of composite kernels, marked while peat_jax traces),
+``_schedules`` (when a KUT runs: every call, every n-th step, a seeded
+fraction), ``_substitution`` (a KUT in place of the golden
 kernel at selected sites, and taps of both on identical inputs) and
 ``_interpreter`` (the one jaxpr interpreter of peat_jax, which both
 substitution and the computation injectors run on), ``_pairing``
@@ -16,6 +18,8 @@ KUT's VJP).
 from peat_jax.sites._composite import composite as composite
 from peat_jax.sites._composite import composite_call as composite_call
 from peat_jax.sites._composite import composite_of as composite_of
+from peat_jax.sites._recognize import KINDS as RECOGNIZED_KINDS
+from peat_jax.sites._recognize import recognition as recognition
 from peat_jax.sites._discovery import PHASES as PHASES
 from peat_jax.sites._discovery import Site as Site
 from peat_jax.sites._discovery import SiteTable as SiteTable

@@ -263,7 +263,17 @@ def _checked(fn, eqn, site):
   """Wraps a KUT so that its outputs must match the golden avals."""
 
   def wrapped(*a):
-    outs = fn(*a)
+    try:
+      outs = fn(*a)
+    except PeatError as err:  # a KUT's own check: say where it ran
+      if site.name in str(err):
+        raise
+      raise PeatError(f"at site {site.name!r}: {err}") from err
+    except Exception as err:  # the KUT itself failed while being traced
+      raise PeatError(
+          f"the KUT at site {site.name!r} raised {type(err).__name__}: "
+          f"{err}. Fix the KUT, or leave the site out of the selection"
+      ) from err
     if len(outs) != len(eqn.outvars):
       raise PeatError(
           f"KUT at site {site.name!r} returned {len(outs)} outputs; expected {len(eqn.outvars)}"
