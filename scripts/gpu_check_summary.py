@@ -55,14 +55,20 @@ def tree_digest() -> str:
 
 
 def _commit() -> str | None:
+  """$PEAT_COMMIT, else git's HEAD (``+changes`` when tracked files differ)."""
   if os.environ.get("PEAT_COMMIT"):
     return os.environ["PEAT_COMMIT"]
+
+  def git(*args) -> str:
+    return subprocess.run(["git", "-C", ROOT, *args], capture_output=True,
+                          text=True, timeout=10, check=True).stdout.strip()
+
   try:
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"],
-                          capture_output=True, text=True, timeout=10,
-                          check=True).stdout.strip() or None
+    head = git("rev-parse", "HEAD")
+    changed = git("status", "--porcelain", "--untracked-files=no")
   except (OSError, subprocess.SubprocessError):
     return None
+  return (head + ("+changes" if changed else "")) or None
 
 
 def make_summary(mode: str, steps: list[dict], started: float,
