@@ -24,12 +24,22 @@ ceiling above. The load average
 is printed before and after: the ratios are only meaningful on a quiet
 machine (the copy is memory-bound, the analyzer compute-bound).
 
+On a GPU the ceiling is the device copy alone (a jitted copy of one array
+of the same size, bytes read + written): NumPy's copy runs in host memory.
+
 Run: .venv/bin/python benchmarks/bench_analyzer.py [--n 4096] [--repeats 20]
+
+Flags for other machines (scripts/gpu_check.sh uses them): ``--sizes
+4096,8192`` measures the single-pair part at each size, ``--parts`` picks
+the parts (``core``: ceiling, peat_jax, the native pass, the one-reduction
+context; ``wide``; ``numpy``; ``batched``; ``playback``; default all), and
+``--json PATH`` writes the figures as JSON as well.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -125,90 +135,127 @@ def numpy_signature(t: np.ndarray, g: np.ndarray) -> dict:
   return out
 
 
-def main() -> None:
-  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--n", type=int, default=4096)
-  p.add_argument("--repeats", type=int, default=20)
-  p.add_argument("--sites", type=int, default=1000)
-  p.add_argument("--site_shape", type=str, default="32,64")
-  args = p.parse_args()
+PARTS = ("core", "wide", "numpy", "batched", "playback")
 
-  load0 = os.getloadavg()[0]
-  n = args.n
-  rng = np.random.default_rng(0)
+
+def _pair(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
   g = rng.standard_normal((n, n), dtype=np.float32)
   t = (g * (1 + 1e-6 * rng.standard_normal((n, n), dtype=np.float32))
        ).astype(np.float32)
+  return t, g
+
+
+def single_pair(rng, n: int, repeats: int, parts: set) -> dict:
+  """The n x n part: copy ceiling, peat_jax, and what ``parts`` asks for.
+
+  Returns:
+    The figures: seconds (best) and GB/s of each measured form, and
+    ``analyze_to_ceiling`` (peat_jax's GB/s over the ceiling's).
+  """
+  t, g = _pair(rng, n)
   nbytes = g.nbytes
   gj, tj = jnp.asarray(g), jnp.asarray(t)
   jax.block_until_ready((gj, tj))
+  on_cpu = jax.default_backend() == "cpu"
+  out = {"n": n, "input_bytes": 2 * nbytes, "repeats": repeats,
+         "backend": jax.default_backend(),
+         "device": str(jax.devices()[0].device_kind)}
 
   # Best times of the same number of repeats for the ceiling and for
   # peat_jax (the copy's best time is as noisy on a shared machine).
-  dst = np.empty_like(g)
-  t_np_copy = _best(lambda: np.copyto(dst, g), args.repeats)
   jcopy = jax.jit(lambda x: x + 0.0)
-  t_jax_copy = _best(lambda: jax.block_until_ready(jcopy(gj)), args.repeats)
-  ceiling = 2 * nbytes / min(t_np_copy, t_jax_copy)
+  t_jax_copy = _best(lambda: jax.block_until_ready(jcopy(gj)), repeats)
+  out["device_copy_s"] = t_jax_copy
+  out["device_copy_gbs"] = 2 * nbytes / t_jax_copy / 1e9
+  ceiling = 2 * nbytes / t_jax_copy
+  if on_cpu:  # host memory is the device's: the faster copy is the ceiling
+    dst = np.empty_like(g)
+    t_np_copy = _best(lambda: np.copyto(dst, g), repeats)
+    out["numpy_copy_gbs"] = 2 * nbytes / t_np_copy / 1e9
+    ceiling = 2 * nbytes / min(t_np_copy, t_jax_copy)
+  out["ceiling_gbs"] = ceiling / 1e9
 
-  one = jax.jit(lambda a, b: jnp.sum(jnp.abs(a - b)))
-  t_one = _best(lambda: jax.block_until_ready(one(tj, gj)), args.repeats)
-  cnt = jax.jit(lambda a, b: jnp.sum(a == b, dtype=jnp.int32))
-  t_cnt = _best(lambda: jax.block_until_ready(cnt(tj, gj)), args.repeats)
   peat_times = _times(lambda: jax.block_until_ready(peat.analyze(tj, gj)),
-                      args.repeats)
+                      repeats)
   t_peat = min(peat_times)
   gbs_peat = 2 * nbytes / t_peat
-  native = jax.default_backend() == "cpu"
-  if native:
-    npass = jax.jit(lambda a, b: peat.kernels.signature_pass(a, b, None, None))
-    t_pass = _best(lambda: jax.block_until_ready(npass(tj, gj)),
-                   args.repeats)
-  wide_g = jnp.asarray(g * np.float32(1000.0))
-  wide_t = jnp.asarray(t * np.float32(1000.0))
-  t_wide = _best(lambda: jax.block_until_ready(peat.analyze(wide_t, wide_g)),
-                 max(1, args.repeats // 4))
-  t_numpy = _best(lambda: numpy_signature(t, g), 2)
-  gbs_numpy = 2 * nbytes / t_numpy
+  out.update(analyze_s=t_peat, analyze_median_s=statistics.median(peat_times),
+             analyze_gbs=gbs_peat / 1e9,
+             analyze_to_ceiling=gbs_peat / ceiling)
+  one = jax.jit(lambda a, b: jnp.sum(jnp.abs(a - b)))
+  t_one = _best(lambda: jax.block_until_ready(one(tj, gj)), repeats)
+  cnt = jax.jit(lambda a, b: jnp.sum(a == b, dtype=jnp.int32))
+  t_cnt = _best(lambda: jax.block_until_ready(cnt(tj, gj)), repeats)
+  out["one_reduction_gbs"] = 2 * nbytes / t_one / 1e9
+  out["count_equal_gbs"] = 2 * nbytes / t_cnt / 1e9
 
   print(f"Analyzer benchmark: {n}x{n} float32 pair ({2 * nbytes / 1e6:.0f} "
-        f"MB of input), best of {args.repeats}, {jax.device_count()} "
-        f"{jax.devices()[0].platform} device(s)")
-  print(f"  copy ceiling   : {ceiling / 1e9:7.2f} GB/s  (numpy copyto "
-        f"{2 * nbytes / t_np_copy / 1e9:.2f}, jax copy "
-        f"{2 * nbytes / t_jax_copy / 1e9:.2f}; read + write)")
+        f"MB of input), best of {repeats}, {jax.device_count()} "
+        f"{jax.devices()[0].platform} device(s) ({out['device']})")
+  copies = f"jax copy {out['device_copy_gbs']:.2f}"
+  if on_cpu:
+    copies = f"numpy copyto {out['numpy_copy_gbs']:.2f}, " + copies
+  else:
+    copies = "device copy; " + copies
+  print(f"  copy ceiling   : {ceiling / 1e9:7.2f} GB/s  ({copies}; read + "
+        "write)")
   print(f"  peat_jax       : {gbs_peat / 1e9:7.2f} GB/s  ({t_peat * 1e3:8.1f}"
-        f" ms; median {statistics.median(peat_times) * 1e3:.1f} ms)")
-  if native:
-    print(f"    native pass  : {2 * nbytes / t_pass / 1e9:7.2f} GB/s  "
+        f" ms; median {out['analyze_median_s'] * 1e3:.1f} ms)")
+  if on_cpu:
+    npass = jax.jit(lambda a, b: peat.kernels.signature_pass(a, b, None, None))
+    t_pass = _best(lambda: jax.block_until_ready(npass(tj, gj)), repeats)
+    out["native_pass_gbs"] = 2 * nbytes / t_pass / 1e9
+    print(f"    native pass  : {out['native_pass_gbs']:7.2f} GB/s  "
           f"({t_pass * 1e3:8.1f} ms)")
-  print(f"    |x| >= 448   : {2 * nbytes / t_wide / 1e9:7.2f} GB/s  "
-        f"({t_wide * 1e3:8.1f} ms; general path)")
-  print(f"  numpy          : {gbs_numpy / 1e9:7.2f} GB/s  ({t_numpy * 1e3:8.1f}"
-        " ms)")
+  if "wide" in parts:
+    wide_g = jnp.asarray(g * np.float32(1000.0))
+    wide_t = jnp.asarray(t * np.float32(1000.0))
+    t_wide = _best(lambda: jax.block_until_ready(peat.analyze(wide_t,
+                                                              wide_g)),
+                   max(1, repeats // 4))
+    out["wide_gbs"] = 2 * nbytes / t_wide / 1e9
+    print(f"    |x| >= 448   : {out['wide_gbs']:7.2f} GB/s  "
+          f"({t_wide * 1e3:8.1f} ms; general path)")
+  if "numpy" in parts:
+    t_numpy = _best(lambda: numpy_signature(t, g), 2)
+    out["numpy_gbs"] = 2 * nbytes / t_numpy / 1e9
+    out["analyze_to_numpy"] = t_numpy / t_peat
+    print(f"  numpy          : {out['numpy_gbs']:7.2f} GB/s  "
+          f"({t_numpy * 1e3:8.1f} ms)")
   print(f"  context: one XLA reduction sum|t-g| "
-        f"{2 * nbytes / t_one / 1e9:.2f} GB/s, count(t==g) "
-        f"{2 * nbytes / t_cnt / 1e9:.2f} GB/s")
-  print(f"  peat_jax / numpy   : {t_numpy / t_peat:6.2f}x   (goal >= 5x)")
+        f"{out['one_reduction_gbs']:.2f} GB/s, count(t==g) "
+        f"{out['count_equal_gbs']:.2f} GB/s")
+  if "numpy" in parts:
+    print(f"  peat_jax / numpy   : {out['analyze_to_numpy']:6.2f}x   "
+          "(goal >= 5x)")
   print(f"  peat_jax / ceiling : {100 * gbs_peat / ceiling:6.1f}%   "
         "(goal >= 30%)")
+  return out
 
-  shape = tuple(int(s) for s in args.site_shape.split(","))
-  gs = rng.standard_normal((args.sites,) + shape, dtype=np.float32)
+
+def batched(rng, sites: int, shape: tuple, repeats: int) -> dict:
+  """The batched form on ``sites`` small records, and one call per record."""
+  gs = rng.standard_normal((sites,) + shape, dtype=np.float32)
   ts = (gs * (1 + 1e-6 * rng.standard_normal(gs.shape, dtype=np.float32))
         ).astype(np.float32)
   gsj, tsj = jnp.asarray(gs), jnp.asarray(ts)
   t_batch = _best(lambda: jax.block_until_ready(peat.analyze_batch(tsj, gsj)),
-                  args.repeats)
-  few = min(args.sites, 100)
+                  repeats)
+  few = min(sites, 100)
   t_loop = _best(lambda: [jax.block_until_ready(peat.analyze(tsj[i], gsj[i]))
-                          for i in range(few)], 1) * args.sites / few
-  print(f"Batched form: {args.sites} records of {shape} float32")
-  print(f"  analyze_batch  : {args.sites / t_batch:10.0f} records/s "
+                          for i in range(few)], 1) * sites / few
+  print(f"Batched form: {sites} records of {shape} float32")
+  print(f"  analyze_batch  : {sites / t_batch:10.0f} records/s "
         f"({t_batch * 1e3:.1f} ms)")
-  print(f"  analyze, 1 call per record: {args.sites / t_loop:10.0f} "
+  print(f"  analyze, 1 call per record: {sites / t_loop:10.0f} "
         f"records/s (measured on {few})")
-  # Playback form: the GPT scenario's 13 forward dot_general outputs.
+  return {"records": sites, "shape": list(shape),
+          "batch_records_per_s": sites / t_batch,
+          "loop_records_per_s": sites / t_loop}
+
+
+def playback_form(rng, repeats: int, ceiling: float | None) -> dict:
+  """The GPT scenario's 13 forward dot_general outputs, as playback has them."""
   sizes = [(16, 64, 384), (16, 4, 64, 64), (16, 4, 32, 64), (16, 64, 128),
            (16, 64, 512), (16, 64, 128)] * 2 + [(16, 64, 256)]
   recs = []
@@ -220,16 +267,59 @@ def main() -> None:
     recs.append([jnp.asarray(x) for x in (tr, gr, gr, lo)])
   cols = [list(c) for c in zip(*recs)]
   t_many = _best(lambda: peat.analyzer.analyze_split_many(*cols, to_host=True),
-                 args.repeats)
+                 repeats)
   elems = sum(int(np.prod(x)) for x in sizes)
   gbs_many = 16 * elems / t_many
   print(f"Playback form: {len(sizes)} records, {elems / 1e6:.2f} M elements "
         f"(GPT checkpoint), analyze_split_many(to_host=True)")
+  of = (f", {100 * gbs_many / ceiling:.1f}% of the copy ceiling" if ceiling
+        else "")
   print(f"  {t_many * 1e3:.1f} ms, {gbs_many / 1e9:.2f} GB/s of input "
-        f"(t, g, ref hi, lo), {100 * gbs_many / ceiling:.1f}% of the copy "
-        "ceiling")
+        f"(t, g, ref hi, lo){of}")
+  return {"records": len(sizes), "elements": elems, "seconds": t_many,
+          "gbs": gbs_many / 1e9}
+
+
+def main() -> None:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--n", type=int, default=4096)
+  p.add_argument("--sizes", type=str, default=None,
+                 help="comma-separated n of the single-pair part (default "
+                 "--n)")
+  p.add_argument("--parts", type=str, default=",".join(PARTS),
+                 help=f"comma-separated subset of {','.join(PARTS)}")
+  p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--sites", type=int, default=1000)
+  p.add_argument("--site_shape", type=str, default="32,64")
+  p.add_argument("--json", type=str, default=None,
+                 help="also write the figures to this JSON file")
+  args = p.parse_args()
+  parts = set(args.parts.split(",")) - {""}
+  if parts - set(PARTS):
+    p.error(f"unknown --parts {sorted(parts - set(PARTS))}; expected a "
+            f"subset of {','.join(PARTS)}")
+  sizes = [int(s) for s in (args.sizes or str(args.n)).split(",")]
+
+  load0 = os.getloadavg()[0]
+  rng = np.random.default_rng(0)
+  result = {"jax": jax.__version__, "backend": jax.default_backend(),
+            "sizes": []}
+  if parts & {"core", "wide", "numpy"}:
+    for n in sizes:
+      result["sizes"].append(single_pair(rng, n, args.repeats, parts))
+  if "batched" in parts:
+    shape = tuple(int(s) for s in args.site_shape.split(","))
+    result["batched"] = batched(rng, args.sites, shape, args.repeats)
+  if "playback" in parts:
+    ceiling = (result["sizes"][0]["ceiling_gbs"] * 1e9 if result["sizes"]
+               else None)
+    result["playback"] = playback_form(rng, args.repeats, ceiling)
+  result["load_average"] = [load0, os.getloadavg()[0]]
   print(f"load average: {load0:.2f} before, {os.getloadavg()[0]:.2f} after "
         f"({os.cpu_count()} cores)")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ train step measured in the same run (median of ``--repeats`` warm calls):
   KUT).
 """
 
+import json
 import os
 import sys
 import tempfile
@@ -54,6 +55,11 @@ _TOGETHER = flags.DEFINE_list(
     "together", [], "More KUT specs played back with --kut in one "
     "`playback_many` (one restore and golden step per checkpoint); adds "
     "its cost per checkpoint and per KUT.")
+_PARTS = flags.DEFINE_list(
+    "parts", ["play", "e2e", "runtime", "storage"],
+    "Parts to measure: play, e2e, runtime, storage (storage needs e2e).")
+_JSON = flags.DEFINE_string("json", None,
+                            "Also write the figures to this JSON file.")
 
 
 def _bytes(shapes, dtypes) -> int:
@@ -84,12 +90,23 @@ def _steps(step, state, batch_at, n: int):
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  parts = set(_PARTS.value)
+  unknown = parts - {"play", "e2e", "runtime", "storage"}
+  if unknown or ("storage" in parts and "e2e" not in parts):
+    raise app.UsageError(f"--parts={','.join(_PARTS.value)}: expected a "
+                         "subset of play,e2e,runtime,storage (storage needs "
+                         "e2e)")
   task = models.get_task(_SCENARIO.value)
   kut, n, reps = _KUT.value, _CHECKPOINTS.value, _REPEATS.value
   rows = []
+  figures = {"scenario": task.name, "kut": kut, "jax": jax.__version__,
+             "backend": jax.default_backend(),
+             "device": str(jax.devices()[0].device_kind), "rows": []}
 
   def row(what, seconds, base):
     rows.append(f"| {what} | {seconds * 1e3:.1f} ms | {seconds / base:.2f} |")
+    figures["rows"].append({"what": what, "seconds": seconds,
+                            "ratio_to_golden_step": seconds / base})
 
   with tempfile.TemporaryDirectory() as tmp:
     g = peat.golden_train(task, os.path.join(tmp, "golden"), steps=2 * n,
@@ -103,99 +120,140 @@ def main(argv):
     step_s = _median(golden, 2 * reps)
     row("golden train step (median)", step_s, step_s)
 
-    # Playback: one checkpoint's parts, warm.
-    player = peat.profiler.Player(task, kut, state, batch)
     calls, _ = peat.profiler.select_calls(task, state, batch, kut, None)
     ksub = peat.Substitution(
         calls[0].sub.kut, sites=tuple(c.site.name for c in calls))
-    kstep = jax.jit(peat.substitute(task.step_fn, ksub))
-    row("step with the KUT substituted (median)",
-        _median(lambda: jax.block_until_ready(kstep(state, batch)), reps),
-        step_s)
-    two = _median(lambda: jax.block_until_ready(
-        player._steps(state, batch)), reps)  # pylint: disable=protected-access
-    play = _median(lambda: player.play(g.steps[1], state), reps)
-    reader = peat.profiler.StateReader(g.checkpoint_dir, task)
-    restore = _median(lambda: reader.restore(g.steps[1]), reps)
-    reader.close()
-    restore_once = _median(lambda: peat.restore_state(
-        g.checkpoint_dir, task, g.steps[1]), reps)
-    row("playback per checkpoint without the restore (`Player.play`)",
-        play, step_s)
-    row("of which: tapped + substituted steps (one jitted call)", two,
-        step_s)
-    row("checkpoint restore (Orbax, one `StateReader` for all, median)",
-        restore, step_s)
-    row("checkpoint restore alone (`peat.restore_state`, median)",
-        restore_once, step_s)
+    figures["selected_sites"] = len(calls)
+    if "play" in parts:
+      _play(task, kut, g, state, batch, ksub, reps, step_s, row)
 
     # Playback end to end, both restore modes (a fresh Player each: the
     # first checkpoint compiles and is not counted).
-    per = {}
-    for ahead in (0, 1):
-      d = os.path.join(tmp, f"pb{ahead}")
-      pb = peat.playback(task, g.workdir, kut, campaign_dir=d,
-                              prefetch=ahead)
-      per[ahead] = pb.seconds_per_step
-    steps = len(pb.effects)
-    row(f"`playback` per checkpoint, restore in turn (prefetch=0, warm mean "
-        f"of {steps - 1})", per[0], step_s)
-    row(f"`playback` per checkpoint, restore ahead (prefetch=1, warm mean "
-        f"of {steps - 1})", per[1], step_s)
-    if _TOGETHER.value:
-      specs = [kut] + _TOGETHER.value
-      many = peat.playback_many(task, g.workdir, specs,
-                                     campaign_dir=os.path.join(tmp, "many"))
-      each = many[kut].seconds_per_step / len(specs)
-      row(f"`playback_many` of {len(specs)} KUTs per checkpoint and KUT "
-          f"(prefetch=1, warm mean of {steps - 1})", each, step_s)
+    if "e2e" in parts:
+      pb, steps = _end_to_end(task, kut, g, tmp, step_s, row)
+    if "runtime" in parts:
+      _runtime(task, state, ksub, reps, row)
+    if "storage" in parts:
+      storage = _storage(task, state, batch, pb, tmp)
 
-    # Runtime FI: substituted steps at each frequency vs the plain step.
-    runs = {"golden step (4 steps)": _steps(task.train_step, state,
-                                           task.batch_at, 4)}
-    for f in ("every", "every_4", "fraction_0.25"):
-      sched, label = peat.profiler.parse_frequency(f)
-      fstep = jax.jit(peat.substitute(task.step_fn,
-                                      ksub._replace(schedule=sched)))
-      runs[f"runtime FI, KUT at {label} (4 steps)"] = _steps(
-          fstep, state, task.batch_at, 4)
-    for fn in runs.values():
-      fn()  # compile
-    times = {k: [] for k in runs}
-    for _ in range(reps):
-      for k, fn in runs.items():
-        t0 = time.perf_counter()
-        fn()
-        times[k].append(time.perf_counter() - t0)
-    base4 = float(np.median(times["golden step (4 steps)"]))
-    for k, v in times.items():
-      row(k, float(np.median(v)), base4)
-
-    # Storage.
-    stored = os.path.getsize(os.path.join(tmp, "pb1", peat.profiler.PLAYBACK_FILE))
-    table = peat.discover_sites(task.step_fn, state, batch)
-    all_out = sum(_bytes(s.out_shapes, s.out_dtypes) for s in table)
-    sel = [s for s in table if s.name in set(pb.sites)]
-    sel_io = sum(_bytes(s.in_shapes, s.in_dtypes)
-                 + 2 * _bytes(s.out_shapes, s.out_dtypes) for s in sel)
-
-  print(f"scenario {task.name}, KUT {kut}, {len(pb.sites)} selected sites of "
-        f"{len(table)}, {steps} checkpoints played back, "
-        f"{os.cpu_count()} CPUs, load average "
+  played = f", {steps} checkpoints played back" if "e2e" in parts else ""
+  print(f"scenario {task.name}, KUT {kut}, {len(calls)} selected sites"
+        f"{played}, {os.cpu_count()} CPUs, {jax.default_backend()} "
+        f"({figures['device']}), load average "
         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
   print("| quantity | time | ratio to the golden step |")
   print("| --- | --- | --- |")
   print("\n".join(rows))
-  print()
-  print("| storage | size | ratio to playback.msgpack |")
-  print("| --- | --- | --- |")
-  print(f"| playback.msgpack ({len(pb.records)} site records) | "
-        f"{stored / 1024:.1f} KiB | 1 |")
-  print(f"| every site's outputs at every step | "
-        f"{all_out * steps / 2**20:.2f} MiB | {all_out * steps / stored:.0f} |")
-  print(f"| selected sites' inputs + golden + KUT outputs | "
-        f"{sel_io * steps / 2**20:.2f} MiB | {sel_io * steps / stored:.0f} |")
+  if "storage" in parts:
+    stored, all_out, sel_io, n_records = storage
+    print()
+    print("| storage | size | ratio to playback.msgpack |")
+    print("| --- | --- | --- |")
+    print(f"| playback.msgpack ({n_records} site records) | "
+          f"{stored / 1024:.1f} KiB | 1 |")
+    print(f"| every site's outputs at every step | "
+          f"{all_out * steps / 2**20:.2f} MiB | "
+          f"{all_out * steps / stored:.0f} |")
+    print(f"| selected sites' inputs + golden + KUT outputs | "
+          f"{sel_io * steps / 2**20:.2f} MiB | {sel_io * steps / stored:.0f} |")
+    figures["storage"] = {"playback_bytes": stored,
+                          "all_outputs_bytes": all_out * steps,
+                          "selected_io_bytes": sel_io * steps}
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(figures, f, indent=1)
   return 0
+
+
+def _play(task, kut, g, state, batch, ksub, reps, step_s, row):
+  """One checkpoint's playback parts, warm."""
+  player = peat.profiler.Player(task, kut, state, batch)
+  kstep = jax.jit(peat.substitute(task.step_fn, ksub))
+  row("step with the KUT substituted (median)",
+      _median(lambda: jax.block_until_ready(kstep(state, batch)), reps),
+      step_s)
+  two = _median(lambda: jax.block_until_ready(
+      player._steps(state, batch)), reps)  # pylint: disable=protected-access
+  play = _median(lambda: player.play(g.steps[1], state), reps)
+  reader = peat.profiler.StateReader(g.checkpoint_dir, task)
+  restore = _median(lambda: reader.restore(g.steps[1]), reps)
+  reader.close()
+  restore_once = _median(lambda: peat.restore_state(
+      g.checkpoint_dir, task, g.steps[1]), reps)
+  row("playback per checkpoint without the restore (`Player.play`)",
+      play, step_s)
+  row("of which: tapped + substituted steps (one jitted call)", two,
+      step_s)
+  row("checkpoint restore (Orbax, one `StateReader` for all, median)",
+      restore, step_s)
+  row("checkpoint restore alone (`peat.restore_state`, median)",
+      restore_once, step_s)
+
+
+def _end_to_end(task, kut, g, tmp, step_s, row):
+  """`playback` end to end, both restore modes, and ``--together``.
+
+  Returns:
+    (the prefetch=1 PlaybackResult, the checkpoints it played back).
+  """
+  per = {}
+  for ahead in (0, 1):
+    d = os.path.join(tmp, f"pb{ahead}")
+    pb = peat.playback(task, g.workdir, kut, campaign_dir=d, prefetch=ahead)
+    per[ahead] = pb.seconds_per_step
+  steps = len(pb.effects)
+  row(f"`playback` per checkpoint, restore in turn (prefetch=0, warm mean "
+      f"of {steps - 1})", per[0], step_s)
+  row(f"`playback` per checkpoint, restore ahead (prefetch=1, warm mean "
+      f"of {steps - 1})", per[1], step_s)
+  if _TOGETHER.value:
+    specs = [kut] + _TOGETHER.value
+    many = peat.playback_many(task, g.workdir, specs,
+                              campaign_dir=os.path.join(tmp, "many"))
+    each = many[kut].seconds_per_step / len(specs)
+    row(f"`playback_many` of {len(specs)} KUTs per checkpoint and KUT "
+        f"(prefetch=1, warm mean of {steps - 1})", each, step_s)
+  return pb, steps
+
+
+def _runtime(task, state, ksub, reps, row):
+  """Runtime FI: substituted steps at each frequency vs the plain step."""
+  runs = {"golden step (4 steps)": _steps(task.train_step, state,
+                                         task.batch_at, 4)}
+  for f in ("every", "every_4", "fraction_0.25"):
+    sched, label = peat.profiler.parse_frequency(f)
+    fstep = jax.jit(peat.substitute(task.step_fn,
+                                    ksub._replace(schedule=sched)))
+    runs[f"runtime FI, KUT at {label} (4 steps)"] = _steps(
+        fstep, state, task.batch_at, 4)
+  for fn in runs.values():
+    fn()  # compile
+  times = {k: [] for k in runs}
+  for _ in range(reps):
+    for k, fn in runs.items():
+      t0 = time.perf_counter()
+      fn()
+      times[k].append(time.perf_counter() - t0)
+  base4 = float(np.median(times["golden step (4 steps)"]))
+  for k, v in times.items():
+    row(k, float(np.median(v)), base4)
+
+
+def _storage(task, state, batch, pb, tmp):
+  """Bytes of playback.msgpack vs the activations it replaces.
+
+  Returns:
+    (stored bytes, bytes of every site's outputs per step, bytes of the
+    selected sites' inputs and outputs per step, site records).
+  """
+  stored = os.path.getsize(os.path.join(tmp, "pb1",
+                                        peat.profiler.PLAYBACK_FILE))
+  table = peat.discover_sites(task.step_fn, state, batch)
+  all_out = sum(_bytes(s.out_shapes, s.out_dtypes) for s in table)
+  sel = [s for s in table if s.name in set(pb.sites)]
+  sel_io = sum(_bytes(s.in_shapes, s.in_dtypes)
+               + 2 * _bytes(s.out_shapes, s.out_dtypes) for s in sel)
+  return stored, all_out, sel_io, len(pb.records)
 
 
 if __name__ == "__main__":

@@ -303,13 +303,9 @@ def _same_float_dtype(kind: str, **arrays) -> None:
 
 
 def _check_preferred(kind: str, dtype, preferred) -> None:
-  if preferred is not None and jnp.dtype(preferred) != jnp.dtype(dtype):
-    raise PeatError(
-        f"torch {kind} KUT: the site asks for a {jnp.dtype(preferred)} result "
-        f"from {jnp.dtype(dtype)} operands (preferred_element_type); the "
-        "torch kernel computes in the operands' dtype and the bridge does not "
-        "cast silently. Select other sites or register a KUT that returns "
-        f"{jnp.dtype(preferred)}")
+  from peat_jax import kernels  # pylint: disable=g-import-not-at-top
+
+  kernels.check_preferred(f"torch {kind} KUT", dtype, preferred)
 
 
 def dot_general_kut(fn: Callable, *, name: str = "matmul") -> Callable:
@@ -433,10 +429,12 @@ def composite_kut(kind: str, fn: Callable, *, name: str | None = None
   | kind | site signature | torch call |
   | --- | --- | --- |
   | ``softmax`` | ``(x, axis=-1)`` | ``fn(x, dim=axis)`` |
+  | ``log_softmax`` | ``(x, axis=-1)`` | ``fn(x, dim=axis)`` |
   | ``layer_norm`` | ``(x, scale, bias, eps=1e-6)`` | ``fn(x, (D,), scale, bias, eps)`` |
-  | ``gelu`` | ``(x)`` | ``fn(x)`` |
-  | ``attention`` | ``(q, k, v, mask=None)``, ``[B, T, H, D]`` | ``fn(q, k, v, attn_mask=mask)`` on ``[B, H, T, D]`` (SDPA) |
-  | ``cross_entropy`` | ``(logits, labels)`` | ``fn(logits.reshape(-1, V), labels.reshape(-1).long())`` |
+  | ``rms_norm`` | ``(x, scale, eps=1e-6)`` | ``fn(x, (D,), scale, eps)`` |
+  | ``gelu`` | ``(x, approximate=False)`` | ``fn(x)`` (the function's own form) |
+  | ``attention`` | ``(q, k, v, mask=None, *, bias=None, scale=None, is_causal=False)``, ``[B, T, H, D]`` | ``fn(q, k, v, attn_mask=m)`` on ``[B, H, T, D]`` (SDPA; ``m`` the mask, or the bias with the mask applied; ``scale=``, ``is_causal=True`` passed when set) |
+  | ``cross_entropy`` | ``(logits, labels, reduction="mean")`` | ``fn(logits.reshape(-1, V), labels.reshape(-1).long())`` (mean), with ``reduction="none"`` per example |
 
   Args:
     kind: the composite kind.
@@ -450,7 +448,7 @@ def composite_kut(kind: str, fn: Callable, *, name: str | None = None
     PeatError: an unknown kind.
   """
   label = name or kind
-  if kind == "softmax":
+  if kind in ("softmax", "log_softmax"):
     def kut(x, axis=-1):
       return torch_op(lambda t: fn(t, dim=axis), name=label)(x)
   elif kind == "layer_norm":
@@ -458,32 +456,68 @@ def composite_kut(kind: str, fn: Callable, *, name: str | None = None
       _same_float_dtype(label, x=x, scale=scale, bias=bias)
       return torch_op(lambda t, s, b: fn(t, (t.shape[-1],), s, b, float(eps)),
                       name=label)(x, scale, bias)
+  elif kind == "rms_norm":
+    def kut(x, scale, eps=1e-6):
+      _same_float_dtype(label, x=x, scale=scale)
+      return torch_op(lambda t, s: fn(t, (t.shape[-1],), s, float(eps)),
+                      name=label)(x, scale)
   elif kind == "gelu":
-    def kut(x):
+    def kut(x, approximate=False):
+      del approximate  # the torch function computes its own form
       return torch_op(fn, name=label)(x)
   elif kind == "attention":
-    def kut(q, k, v, mask=None):
+    def kut(q, k, v, mask=None, *, bias=None, scale=None, is_causal=False):
       _same_float_dtype(label, q=q, k=k, v=v)
+      attn_mask, causal = _sdpa_mask(q, k, mask, bias, is_causal)
+      extra = {} if scale is None else {"scale": float(scale)}
+      if causal:
+        extra["is_causal"] = True
 
       def tfn(qt, kt, vt, *m):
         y = fn(qt.transpose(1, 2), kt.transpose(1, 2), vt.transpose(1, 2),
-               attn_mask=m[0] if m else None)
+               attn_mask=m[0] if m else None, **extra)
         return y.transpose(1, 2)
 
-      args = (q, k, v) if mask is None else (q, k, v, mask)
+      args = (q, k, v) if attn_mask is None else (q, k, v, attn_mask)
       return torch_op(tfn, name=label)(*args)
   elif kind == "cross_entropy":
-    def kut(logits, labels):
+    def kut(logits, labels, reduction="mean"):
+      if reduction not in ("mean", "none"):
+        raise PeatError(f"torch {label} KUT: reduction {reduction!r}; "
+                        "expected 'mean' or 'none'")
+
       def tfn(lg, lb):
-        return fn(lg.reshape(-1, lg.shape[-1]), lb.reshape(-1).long())
+        args = (lg.reshape(-1, lg.shape[-1]), lb.reshape(-1).long())
+        if reduction == "mean":
+          return fn(*args)
+        return fn(*args, reduction="none").reshape(lb.shape)
       return torch_op(tfn, name=label)(logits, labels)
   else:
     raise PeatError(f"no torch adapter for composite kind {kind!r}; expected "
-                    "one of softmax, layer_norm, gelu, attention, "
-                    "cross_entropy (or register_kut your own KUT with the "
-                    "composite's signature)")
+                    "one of softmax, log_softmax, layer_norm, rms_norm, gelu, "
+                    "attention, cross_entropy (or register_kut your own KUT "
+                    "with the composite's signature)")
   kut.__name__ = f"torch_{label}"
   return kut
+
+
+def _sdpa_mask(q, k, mask, bias, is_causal):
+  """SDPA's ``attn_mask`` (and whether to pass ``is_causal``) for a site.
+
+  torch refuses ``attn_mask`` together with ``is_causal``: then the causal
+  mask is folded into the mask (in JAX, before the call).
+  """
+  t, s = q.shape[1], k.shape[1]
+  if is_causal and (mask is not None or bias is not None):
+    causal = jnp.tril(jnp.ones((t, s), bool))
+    mask = causal if mask is None else jnp.logical_and(mask, causal)
+    is_causal = False
+  if bias is None:
+    return mask, is_causal
+  bias = jnp.asarray(bias, q.dtype)
+  if mask is not None:
+    bias = jnp.where(mask, bias, -jnp.inf)
+  return bias, is_causal
 
 
 # ------------------------------------------------------------ registry
@@ -525,8 +559,8 @@ def register_torch_kut(name: str, fn: Callable, *, kernel: str,
     fn: the torch function, in the form its kernel's adapter calls it
       (:func:`dot_general_kut`, :func:`conv_kut`, :func:`composite_kut`).
     kernel: the site kernel: ``dot_general``, ``conv_general_dilated``,
-      ``softmax``, ``layer_norm``, ``gelu``, ``attention`` or
-      ``cross_entropy``.
+      ``softmax``, ``log_softmax``, ``layer_norm``, ``rms_norm``, ``gelu``,
+      ``attention`` or ``cross_entropy``.
     doc: one line for listings.
 
   Returns:
@@ -552,6 +586,30 @@ def register_torch_kut(name: str, fn: Callable, *, kernel: str,
 def registered() -> dict[str, TorchKut]:
   """The registered torch KUTs by spec."""
   return dict(_REGISTERED)
+
+
+def user_torch_kut(spec: _kut.KutSpec) -> Callable:
+  """The KUT of a ``torch:<module>:<function>`` spec (its site kernel's adapter).
+
+  Registered with :func:`peat_jax.kernels.kut.register_source` on import.
+
+  Args:
+    spec: the parsed spec (``spec.parts`` = ``(module, function)``).
+
+  Returns:
+    The KUT with the site kernel's signature.
+
+  Raises:
+    PeatError: the module or function cannot be imported.
+  """
+  from peat_jax import core  # pylint: disable=g-import-not-at-top
+
+  module, function = spec.parts
+  fn = core.user_function(module, function, f"KUT spec {spec.spec!r}")
+  return _adapter(spec.site_kernel, fn, f"{module}.{function}")
+
+
+_kut.register_source("torch", user_torch_kut)
 
 
 # ------------------------------------------------------------ built-ins
@@ -586,13 +644,14 @@ def _gelu_tanh(x):
   return require_torch().nn.functional.gelu(x, approximate="tanh")
 
 
-def _sdpa(q, k, v, attn_mask=None):
+def _sdpa(q, k, v, attn_mask=None, **kw):
   return require_torch().nn.functional.scaled_dot_product_attention(
-      q, k, v, attn_mask=attn_mask)
+      q, k, v, attn_mask=attn_mask, **kw)
 
 
-def _cross_entropy(logits, labels):
-  return require_torch().nn.functional.cross_entropy(logits, labels)
+def _cross_entropy(logits, labels, reduction="mean"):
+  return require_torch().nn.functional.cross_entropy(logits, labels,
+                                                     reduction=reduction)
 
 
 #: name -> (site kernel, torch function, what it computes)

@@ -140,6 +140,10 @@ def make_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                  loss_of_logits: Callable[[jax.Array, dict], jax.Array]):
   """Builds the pure train step ``(state, batch) -> (state, metrics)``.
 
+  The step of :func:`peat_jax.profiler.nnx_step_fn` (what
+  :func:`peat_jax.nnx_task` builds too) with the loss of the model's
+  logits on the batch's inputs.
+
   Args:
     graphdef: the nnx graph definition of the model (static).
     tx: the Optax optimizer.
@@ -148,22 +152,9 @@ def make_step_fn(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
   Returns:
     The un-jitted step function.
   """
-
-  def loss_fn(params, batch):
-    model = nnx.merge(graphdef, params)
-    return loss_of_logits(model(_inputs(batch)), batch)
-
-  def step_fn(state: peat.TrainState, batch: dict):
-    rng, _ = jax.random.split(state.rng)  # per-step key for stochastic layers
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads),
-               "update_norm": optax.tree.norm(updates)}
-    return peat.TrainState(state.step + 1, params, opt_state, rng,
-                           state.data_position + 1), metrics
-
-  return step_fn
+  return peat.profiler.nnx_step_fn(
+      graphdef, tx,
+      lambda model, batch: loss_of_logits(model(_inputs(batch)), batch))
 
 
 def _data(config: dict[str, Any]):

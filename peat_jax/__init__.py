@@ -14,7 +14,9 @@ and the packages that hold them, lowest layer first (imports point one way):
 * the report: ``peat_jax.report`` (report data, HTML page, charts);
 * the Profiler: ``peat_jax.profiler`` (golden runs and checkpoints,
   playback FI, runtime FI, captures, Monitor, isolation, scale-out,
-  ``validate``).
+  ``validate``, ``read_campaign``, ``nnx_task``);
+* testing: ``peat_jax.testing`` (``assert_kernel_trains`` for a kernel
+  repository's own test suite).
 
 Every public name is re-exported here from its package's facade; each
 package's docstring lists its private modules. ``peat.profile`` is a golden
@@ -109,5 +111,8 @@ from peat_jax.profiler import TrainState as TrainState
 from peat_jax.profiler import TrainTask as TrainTask
 from peat_jax.kernels import register_kut as register_kut
 from peat_jax.kernels import resolve_kut as resolve_kut
+from peat_jax.profiler import nnx_task as nnx_task
+from peat_jax.profiler import read_campaign as read_campaign
+from peat_jax import testing as testing
 
 __version__ = "0.1.0"

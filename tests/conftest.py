@@ -1,7 +1,9 @@
-"""Shared pytest set-up."""
+"""Shared pytest set-up, and the user's own code (``byo``) for its tests."""
 
 import os
+import sys
 
+import pytest
 from absl import flags
 
 
@@ -10,3 +12,75 @@ def pytest_configure(config):
   # absl flags are unparsed under pytest; tools' tests parse explicit lists.
   flags.FLAGS.mark_as_parsed()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+# The user's own code, as a kernel engineer's repository would hold it: a
+# stock-Flax model (no peat_jax marker) with its task, and py: / torch: KUTs.
+BYO_MODULE = '''
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+import peat_jax as peat
+
+
+class Net(nnx.Module):
+  def __init__(self, rngs):
+    self.ln = nnx.LayerNorm(16, rngs=rngs)
+    self.fc = nnx.Linear(16, 10, rngs=rngs)
+
+  def __call__(self, x):
+    return self.fc(jax.nn.gelu(self.ln(x)))
+
+
+def loss_fn(model, batch):
+  return optax.softmax_cross_entropy_with_integer_labels(
+      model(batch["x"]), batch["y"]).mean()
+
+
+def batch_at(position):
+  rng = np.random.default_rng(500 + int(position))
+  return {"x": rng.standard_normal((8, 16)).astype(np.float32),
+          "y": rng.integers(0, 10, 8).astype(np.int32)}
+
+
+def task():
+  return peat.nnx_task(lambda rngs: Net(rngs), optax.sgd(0.1), loss_fn,
+                       batch_at, name="byo_net", default_steps=4,
+                       default_checkpoint_every=2,
+                       eval_batches=[batch_at(10 ** 6)])
+
+
+def factory():
+  return peat.TaskFactory("byo_model", "task")
+
+
+def layer_norm(x, scale, bias, eps):
+  m = jnp.mean(x, -1, keepdims=True)
+  v = jnp.mean(jnp.square(x - m), -1, keepdims=True)
+  return (x - m) * jax.lax.rsqrt(v + eps) * scale + bias
+
+
+def gelu_bf16(x, approximate=False):
+  y = jax.nn.gelu(x.astype(jnp.bfloat16), approximate=approximate)
+  return y.astype(x.dtype)
+
+
+def torch_matmul(a, b):
+  import torch
+  return torch.matmul(a, b)
+'''
+
+
+
+@pytest.fixture(scope="session")
+def byo(tmp_path_factory):
+  """Directory holding ``byo_model.py`` (on sys.path for the session)."""
+  d = tmp_path_factory.mktemp("byo")
+  (d / "byo_model.py").write_text(BYO_MODULE)
+  sys.path.insert(0, str(d))
+  yield d
+  sys.path.remove(str(d))
+  sys.modules.pop("byo_model", None)

@@ -35,8 +35,8 @@ TENSOR_ERROR_MODELS Tap TaskFactory TrainState TrainTask Verdict
 abstract_state analyze analyze_batch bit_probabilities campaign check_kut
 composite composite_call data_parallel_runtime detect detect_batch
 discover_sites golden_train init_distributed inject inject_gradients
-inject_tree injecting_kernel injection_params kernel_campaign playback
-playback_many playback_ops profile read_log rebuild_report reference
+inject_tree injecting_kernel injection_params kernel_campaign nnx_task playback
+playback_many playback_ops profile read_campaign read_log rebuild_report reference
 reference_attention reference_conv reference_cross_entropy
 reference_dot_general reference_gelu reference_layer_norm reference_matmul
 reference_softmax register_kut replay resolve_kut restore_state runtime
@@ -48,7 +48,7 @@ verdict write_report
 #: The packages of peat_jax, lowest first: a package imports only packages
 #: before it (and itself).
 LAYERS = ("core", "sites", "kernels", "injectors", "analyzer", "detector",
-          "report", "profiler")
+          "report", "profiler", "testing")
 #: Top-level modules of peat_jax above every package (the facade).
 TOP = ("__init__",)
 OUTSIDE = ("tools", "bridges", "models", "benchmarks", "scripts")
@@ -107,11 +107,11 @@ def _imports(path: str):
 
 
 _PRIVATE = re.compile(r"peat_jax(\.(core|sites|kernels|injectors|analyzer|"
-                      r"detector|report|profiler))?\._\w+")
+                      r"detector|report|profiler|testing))?\._\w+")
 
 
 _FROM_PRIVATE = re.compile(r"from peat_jax(\.(core|sites|kernels|injectors|"
-                           r"analyzer|detector|report|profiler))? import "
+                           r"analyzer|detector|report|profiler|testing))? import "
                            r"\(?\s*(_\w+)")
 
 

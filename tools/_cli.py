@@ -8,9 +8,14 @@ without clashing flag names; this module parses them and runs the tool's
 Also shared by the campaign tools: :class:`Eta` (progress lines with an
 ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
 (``--budget=64MiB``), :func:`make_task` (a scenario's task from flags),
-:func:`define_task_flags` (the flags that name a golden run's task) and
-:func:`campaign_dir_and_steps` (the campaign tools' required directory and
-step list).
+:func:`define_task_flags` (the flags that name a golden run's task:
+``--scenario`` ... or the user's ``--task=<module>:<function>``),
+:func:`define_kut_flags` (``--kut`` and ``--kernel``),
+:func:`define_backward_flag` (``--backward=golden|kut``),
+:func:`define_fail_on` and :func:`exit_status` (``--fail_on``: exit status 1
+when the verdict reaches it) and :func:`campaign_dir_and_steps` (the
+campaign tools' required directory and step list). :func:`run` refuses
+positional arguments with exit status 2.
 """
 
 import json
@@ -46,9 +51,28 @@ def run(main: Callable[[list[str]], int], flag_values: flags.FlagValues,
     print(f"error: {e}\nPass --help to list this tool's flags.",
           file=sys.stderr)
     sys.exit(2)
+  if stray(rest) is not None:
+    sys.exit(2)
   logging.use_absl_handler()
   logging.set_verbosity(logging.WARNING)
   sys.exit(main(rest))
+
+
+def stray(argv: list[str]) -> int | None:
+  """2 (after one ``error:`` line) when ``argv`` has positional arguments.
+
+  Args:
+    argv: what flag parsing left: the program name, then positionals.
+
+  Returns:
+    2 when there are positional arguments, else None.
+  """
+  if len(argv) > 1:
+    print(f"error: unexpected positional arguments {argv[1:]}; this tool "
+          "takes flags only (--name=value). Pass --help to list them.",
+          file=sys.stderr)
+    return 2
+  return None
 
 
 # ------------------------------------------------------------- progress
@@ -209,22 +233,82 @@ class TaskFlags(NamedTuple):
   batch_size: flags.FlagHolder
   overrides: flags.FlagHolder
   seed: flags.FlagHolder
+  user: flags.FlagHolder  # --task
 
   def task(self, workdir: str, progress=print):
-    """:func:`make_task` from these flags' values.
+    """:func:`make_task` from these flags' values, or the ``--task``'s.
 
     Raises:
-      peat_jax.PeatError: as :func:`make_task`.
+      peat_jax.PeatError: as :func:`make_task` or :func:`user_task`.
     """
+    if self.user.value:
+      check_task_flags(self.user, self.scenario, self.batch_size,
+                       self.overrides)
+      return user_task(self.user.value).build()
     return make_task(self.scenario.value, workdir,
                      overrides=self.overrides.value,
                      batch_size=self.batch_size.value, seed=self.seed.value,
                      progress=progress)
 
+  def label(self) -> str | None:
+    """The scenario's name, or None with ``--task`` (the task's own name)."""
+    return None if self.user.value else self.scenario.value
+
+
+TASK_HELP = ("The user's own task instead of --scenario: <module>:<function>"
+             ", a function of a module on PYTHONPATH or in the current "
+             "directory that returns a peat.TrainTask (peat.nnx_task builds "
+             "one) or a peat.TaskFactory.")
+
+
+def define_task_flag(flag_values: flags.FlagValues) -> flags.FlagHolder:
+  """Defines ``--task=<module>:<function>`` in a tool's flags."""
+  return flags.DEFINE_string("task", None, TASK_HELP, flag_values=flag_values)
+
+
+def user_task(spec: str):
+  """The :class:`peat_jax.TaskFactory` of ``--task=<module>:<function>``.
+
+  Raises:
+    peat_jax.PeatError: a spec not of that form.
+  """
+  import peat_jax as peat  # pylint: disable=g-import-not-at-top
+  factory = peat.TaskFactory.from_spec(spec)
+  key = ("user", spec)
+  if key not in _TASKS:
+    _TASKS[key] = _CachedFactory(factory)
+  return _TASKS[key]
+
+
+class _CachedFactory:
+  """A TaskFactory whose task is built once in this process."""
+
+  def __init__(self, factory):
+    self.factory = factory
+    self._task = None
+
+  def build(self):
+    if self._task is None:
+      self._task = self.factory.build()
+    return self._task
+
+
+def check_task_flags(task: flags.FlagHolder, *scenario_flags) -> None:
+  """Refuses scenario flags given together with ``--task``.
+
+  Raises:
+    UsageError: a scenario flag set on the command line with --task.
+  """
+  given = [f"--{h.name}" for h in scenario_flags if h.present]
+  if task.value and given:
+    raise UsageError(f"{', '.join(given)} set the reference scenario, which "
+                     f"--task={task.value} replaces; drop them (your task "
+                     "function builds its own model, data and batch size)")
+
 
 def define_task_flags(flag_values: flags.FlagValues,
                       what: str = "The golden run's") -> TaskFlags:
-  """Defines --scenario, --batch_size, --overrides, --seed in a tool's flags.
+  """Defines --scenario, --batch_size, --overrides, --seed, --task.
 
   Args:
     flag_values: the tool's own ``FlagValues``.
@@ -246,7 +330,97 @@ def define_task_flags(flag_values: flags.FlagValues,
                           f"{what} JSON config overrides.",
                           flag_values=flag_values),
       flags.DEFINE_integer("seed", 0, f"{what} seed.",
-                           flag_values=flag_values))
+                           flag_values=flag_values),
+      define_task_flag(flag_values))
+
+
+class KutFlags(NamedTuple):
+  """The flags of :func:`define_kut_flags` (absl flag holders)."""
+
+  kut: flags.FlagHolder
+  kernel: flags.FlagHolder
+
+  def spec(self):
+    """The parsed KUT spec (the bridge imported first for torch: specs).
+
+    Raises:
+      peat_jax.PeatError: as :func:`peat_jax.kernels.parse_kut`.
+    """
+    import peat_jax as peat  # pylint: disable=g-import-not-at-top
+    if self.kut.value.startswith("torch:"):
+      import peat_jax.bridges  # pylint: disable=g-import-not-at-top,unused-import  # registers torch: specs
+    return peat.kernels.parse_kut(self.kut.value, self.kernel.value)
+
+
+KUT_HELP = ("KUT spec: golden, native:<kernel>:<variant>[@tile], a "
+            "registered torch:<name>, or your own py:<module>:<function>, "
+            "ffi:<library.so>:<forward>[:<backward>] or "
+            "torch:<module>:<function> with --kernel "
+            "(peat_jax.kernels.known_specs(); docs/kernels.md).")
+
+
+def define_kut_flags(flag_values: flags.FlagValues,
+                     default: str | None = "native:conv2d:in_bf16"
+                     ) -> KutFlags:
+  """Defines ``--kut`` and ``--kernel`` in a tool's flags."""
+  return KutFlags(
+      flags.DEFINE_string("kut", default, KUT_HELP, flag_values=flag_values),
+      flags.DEFINE_string(
+          "kernel", None, "The site kernel a py:, ffi: or torch:<module>:"
+          "<function> KUT replaces: dot_general, conv_general_dilated, "
+          "softmax, log_softmax, layer_norm, rms_norm, attention, gelu, "
+          "cross_entropy (a py: KUT: any kernel of the step).",
+          flag_values=flag_values))
+
+
+def define_fail_on(flag_values: flags.FlagValues) -> flags.FlagHolder:
+  """Defines ``--fail_on`` (CI: exit status 1 when the verdict reaches it)."""
+  return flags.DEFINE_enum(
+      "fail_on", "fail", ["fail", "warn", "never"],
+      "Exit status 1 when the KUT's verdict reaches this (fail: a fail "
+      "verdict; warn: warn or fail; never: always 0). Bad input exits 2.",
+      flag_values=flag_values)
+
+
+def exit_status(verdict: str, fail_on: str) -> int:
+  """1 when ``verdict`` reaches ``fail_on``, else 0 (prints why on stderr)."""
+  import peat_jax as peat  # pylint: disable=g-import-not-at-top
+  if peat.detector.reaches(verdict, fail_on):
+    print(f"verdict {verdict} reaches --fail_on={fail_on}: exit status 1",
+          file=sys.stderr)
+    return 1
+  return 0
+
+
+def define_backward_flag(flag_values: flags.FlagValues):
+  """Defines --backward=golden|kut in a campaign tool's flags.
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+
+  Returns:
+    The flag's holder.
+  """
+  return flags.DEFINE_enum(
+      "backward", "golden", ["golden", "kut"],
+      "golden: the golden kernel at the backward sites (the forward-only "
+      "question); kut: the KUT's VJP at the backward sites of the selected "
+      "forward sites (native backward targets, torch autograd, a registered "
+      "KUT's own custom_vjp), each backward site recorded. A campaign "
+      "directory holds one or the other.", flag_values=flag_values)
+
+
+def define_report_backward_flag(flag_values: flags.FlagValues):
+  """Defines --backward for the tools that read a campaign's records.
+
+  Returns:
+    The flag's holder (None: the campaign's setting).
+  """
+  return flags.DEFINE_enum(
+      "backward", None, ["golden", "kut"],
+      "The records of which backward setting (default: campaign.json's, "
+      "else kut when the KUT has only such records, else golden).",
+      flag_values=flag_values)
 
 
 class UsageError(ValueError):

@@ -100,8 +100,8 @@ def signature_rows(sig, arrays: bool = False) -> list:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   if not _TEST.value or not _GOLDEN.value:
     print("error: --test and --golden are required", file=sys.stderr)
     return 2

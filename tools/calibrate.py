@@ -38,12 +38,19 @@ _ROWS = flags.DEFINE_integer("rows", 256, "Rows kept of each captured input.", f
 _WARMUP = flags.DEFINE_integer(
     "warmup_steps", 30, "Golden steps before capturing site inputs.", flag_values=FLAGS)
 _JSON = flags.DEFINE_string("json", None, "Write all records to this file.", flag_values=FLAGS)
+_COMPOSED = flags.DEFINE_bool(
+    "composed", False,
+    "Composed cases instead: faults planted on benign bases (a real port's "
+    "own rounding noise or precision), the bases alone, and port "
+    "mismatches (float32); accuracy by family.", flag_values=FLAGS)
 
 # Source models: small enough to capture in seconds, real data and training.
 SOURCES = {
     "vit": dict(batch_size=32),
     "gpt": dict(batch_size=8, context=64),
     "cnn": dict(batch_size=32),
+    # A pretrained encoder's sites (all-MiniLM-L6-v2, finetuned on topics).
+    "minilm_finetune": dict(batch_size=16),
 }
 
 
@@ -180,23 +187,33 @@ def build_cases(rows: int = 256, warmup: int = 30,
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   logging.set_verbosity(logging.WARNING)
   cases = build_cases(_ROWS.value, _WARMUP.value)
   print(f"{len(cases)} captured cases: " + ", ".join(
       sorted({c.kernel for c in cases})))
-  result = peat.detector.run_calibration(
-      cases, dtypes=_DTYPES.value, seeds=[int(s) for s in _SEEDS.value],
-      progress=print)
+  seeds = [int(s) for s in _SEEDS.value]
+  if _COMPOSED.value:
+    result = peat.detector.run_composed_calibration(
+        cases, dtypes=_DTYPES.value, seeds=seeds, progress=print)
+  else:
+    result = peat.detector.run_calibration(
+        cases, dtypes=_DTYPES.value, seeds=seeds, progress=print)
   print()
   for i, label in enumerate(result.labels):
     print(f"{i:>2d} {label}")
   print(result.table())
   print(result.summary())
-  wrong = [r for r in result.records if not peat.detector.is_correct(r)]
+  right = (peat.detector.family_correct if _COMPOSED.value
+           else peat.detector.is_correct)
+  print()
+  print("Reliability (stated confidence vs observed accuracy):")
+  print(peat.detector.reliability_table(result.records, right))
+  wrong = [r for r in result.records if not right(r)]
   for r in wrong:
     print(f"  {r.expected:>20s} -> {r.predicted:<20s} {r.origin}:{r.error} "
+          f"[{r.verdict}{', 2nd ' + r.secondary if r.secondary else ''}] "
           f"{r.kernel} {r.dtype} | {r.evidence[:120]}")
   if _JSON.value:
     with open(_JSON.value, "w") as f:

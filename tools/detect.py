@@ -55,6 +55,7 @@ _SOURCE = flags.DEFINE_enum(
 _KUT = flags.DEFINE_string(
     "kut", None, "--campaign_dir: the KUT whose records to read (default: "
     "the campaign's).", flag_values=FLAGS)
+_BACKWARD = _cli.define_report_backward_flag(FLAGS)
 
 
 def load_signature(path: str) -> peat.Signature:
@@ -99,7 +100,8 @@ def _one(path: str) -> int:
 
 def _campaign_dir(directory: str) -> int:
   data = peat.profiler.load_report_data(directory, kut=_KUT.value,
-                                           source=_SOURCE.value)
+                                        source=_SOURCE.value,
+                                        backward=_BACKWARD.value)
   print(peat.report.summary_table(data))
   counts = collections.Counter(s["model"] for s in data["sites"])
   print("sites per error model: " + ", ".join(
@@ -109,8 +111,8 @@ def _campaign_dir(directory: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   if bool(_SIGNATURE.value) == bool(_CAMPAIGN_DIR.value):
     print("error: give exactly one of --signature and --campaign_dir",
           file=sys.stderr)

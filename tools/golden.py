@@ -6,7 +6,9 @@ Usage::
   python -m peat_jax.tools.golden --scenario=gpt_finetune --steps=100
 
 A finetuning scenario without ``--init_from`` first runs (or resumes) its
-pretraining scenario in ``<workdir>/pretrain``.
+pretraining scenario in ``<workdir>/pretrain``. ``--task=<module>:<function>``
+trains the user's own task instead (a function returning a peat.TrainTask,
+e.g. built by peat.nnx_task).
 """
 
 import os
@@ -37,22 +39,29 @@ _RESUME = flags.DEFINE_bool(
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None,
     "Finetuning scenarios: a golden run of the pretraining scenario.", flag_values=FLAGS)
+_TASK = _cli.define_task_flag(FLAGS)
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
-  workdir = os.path.abspath(_WORKDIR.value or
-                            os.path.join("runs", _SCENARIO.value))
   try:
-    task = models.prepare_task(_SCENARIO.value, workdir, seed=_SEED.value,
-                               init_from=_INIT_FROM.value, progress=print)
+    _cli.check_task_flags(_TASK, _SCENARIO, _INIT_FROM)
+    if _TASK.value:
+      task = _cli.user_task(_TASK.value).build()
+      workdir = os.path.abspath(_WORKDIR.value or
+                                os.path.join("runs", task.name))
+    else:
+      workdir = os.path.abspath(_WORKDIR.value or
+                                os.path.join("runs", _SCENARIO.value))
+      task = models.prepare_task(_SCENARIO.value, workdir, seed=_SEED.value,
+                                 init_from=_INIT_FROM.value, progress=print)
     result = peat.golden_train(
         task, workdir, steps=_STEPS.value,
         checkpoint_every=_CHECKPOINT_EVERY.value, seed=_SEED.value,
         resume=_RESUME.value, progress=print)
-  except peat.PeatError as e:
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   metrics = "  ".join(f"{k} {v:.4g}" for k, v in result.evaluation.items())

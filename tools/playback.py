@@ -14,7 +14,10 @@ Model playback (default): for each saved checkpoint s of
 state, run step s once with the golden kernel and the KUT on identical
 inputs at every selected site, and record each site's signature and
 diagnosis plus the step's effect on loss, gradient norm and parameter update
-in <campaign_dir>/playback.msgpack. The golden run must exist
+in <campaign_dir>/playback.msgpack. With --backward=kut the KUT's VJP runs
+at the backward sites of the selected forward sites too, and each backward
+site is recorded (one signature per cotangent, against the golden VJP and a
+float64 reference VJP). The golden run must exist
 (peat-profile or peat-validate made it) and --scenario, --batch_size and
 --overrides must match it.
 
@@ -28,7 +31,10 @@ Both resume: records already there are skipped. The end prints a summary
 table (per site: diagnosed error model, verdict, largest noise ratio) and
 the KUT's verdict; `peat-report` turns the records into the HTML report.
 KUT specs: golden, native:<matmul|conv2d|softmax|layer_norm>:<variant>[@tile]
-(peat_jax.kernels.kut.known_specs()).
+(peat_jax.kernels.kut.known_specs()), or your own py:, ffi:,
+torch:<module>:<function> with --kernel (docs/kernels.md); the user's model
+with --task=<module>:<function>. Exit status 1 when the verdict reaches
+--fail_on (default fail), 2 on bad input.
 """
 
 import os
@@ -46,10 +52,8 @@ _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None,
     "Campaign directory holding golden/ (model playback) or captures/ "
     "(--ops). Required.", flag_values=FLAGS)
-_KUT = flags.DEFINE_string(
-    "kut", "native:conv2d:in_bf16",
-    "KUT spec: golden or native:<kernel>:<variant>[@tile].",
-    flag_values=FLAGS)
+_KUT = _cli.define_kut_flags(FLAGS)
+_FAIL_ON = _cli.define_fail_on(FLAGS)
 _OPS = flags.DEFINE_bool(
     "ops", False, "Op-level playback on the captured site inputs (no model) "
     "instead of model playback over checkpoints.", flag_values=FLAGS)
@@ -62,6 +66,7 @@ _STEPS = flags.DEFINE_list(
 _PHASE = flags.DEFINE_list(
     "phase", ["fwd"], "--ops only: site phases to play back (fwd, bwd); "
     "empty for every captured phase.", flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS, "Model playback: the golden run's")
 
 
@@ -75,7 +80,7 @@ def _model(directory: str, steps, kut) -> tuple[list, list, list]:
     n = len(steps)
   result = peat.playback(
       task, golden, kut, campaign_dir=directory, steps=steps,
-      select=_SELECT.value,
+      select=_SELECT.value, backward=_BACKWARD.value,
       progress=_cli.Eta(n, prefixes=("playback step",)))
   return result.records, result.sites, result.effects
 
@@ -93,31 +98,40 @@ def _ops(directory: str, steps, kut) -> tuple[list, list, list]:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   try:
     directory, steps = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value,
                                                    _STEPS.value)
   except _cli.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  if _OPS.value and _BACKWARD.value != "golden":
+    print("error: --ops replays captured site inputs, one kernel call at a "
+          "time, without the KUT's VJP; --backward=kut needs model playback "
+          "(drop --ops)", file=sys.stderr)
+    return 2
   try:
-    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
+    kut = _KUT.spec()  # parsed once, before any work
     with peat.profiler.campaign_lock(directory):
       records, sites, effects = (_ops if _OPS.value else _model)(
           directory, steps, kut)
     data = peat.report.report_data(
-        kut=_KUT.value, scenario=_TASK.scenario.value if not _OPS.value
-        else "captured inputs", records=records, sites=sites,
-        effects=effects)
-  except peat.PeatError as e:
+        kut=kut.spec, scenario=(_TASK.label() or _task_name(directory))
+        if not _OPS.value else "captured inputs", records=records, sites=sites,
+        effects=effects, settings={"backward": _BACKWARD.value})
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(peat.report.summary_table(data))
   name = peat.profiler.OPS_FILE if _OPS.value else peat.profiler.PLAYBACK_FILE
   print(f"records: {os.path.join(directory, name)}")
   print(f"verdict: {data['verdict']['verdict']}")
-  return 0
+  return _cli.exit_status(data["verdict"]["verdict"], _FAIL_ON.value)
+
+
+def _task_name(directory: str) -> str:
+  return _TASK.task(directory).name
 
 
 def run() -> None:

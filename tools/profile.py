@@ -85,6 +85,7 @@ _OVERRIDES = flags.DEFINE_string(
     "overrides", None, "JSON object of task config overrides, e.g. "
     '\'{"lr": 1e-3}\'.', flag_values=FLAGS)
 _SEED = flags.DEFINE_integer("seed", 0, "Golden seed.", flag_values=FLAGS)
+_TASK = _cli.define_task_flag(FLAGS)
 
 
 def _steps_flag(text: str | None):
@@ -114,10 +115,11 @@ def _summary(result: peat.ProfileResult) -> str:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
+  label = _TASK.value.replace(":", "_") if _TASK.value else _SCENARIO.value
   directory = os.path.abspath(_CAMPAIGN_DIR.value or os.path.join(
-      "runs", f"profile_{_SCENARIO.value}"))
+      "runs", f"profile_{label}"))
   try:
     budget = _cli.parse_bytes(_BUDGET.value)
     steps_sel = _steps_flag(_CAPTURE_STEPS.value)
@@ -129,9 +131,11 @@ def main(argv: list[str]) -> int:
          "capture_phase": tuple(_PHASE.value) or None}
   capturing = any(v is not None for v in sel.values())
   try:
-    task = _cli.make_task(_SCENARIO.value, directory,
-                          overrides=_OVERRIDES.value,
-                          batch_size=_BATCH_SIZE.value, seed=_SEED.value)
+    _cli.check_task_flags(_TASK, _SCENARIO, _BATCH_SIZE, _OVERRIDES)
+    task = _cli.user_task(_TASK.value).build() if _TASK.value else (
+        _cli.make_task(_SCENARIO.value, directory,
+                       overrides=_OVERRIDES.value,
+                       batch_size=_BATCH_SIZE.value, seed=_SEED.value))
     n_ckpt = -(-_STEPS.value // _CHECKPOINT_EVERY.value)
     n_cap = len(peat.profiler.capture_step_list(
         steps_sel, _STEPS.value, _CHECKPOINT_EVERY.value)) if capturing else 0
@@ -144,7 +148,7 @@ def main(argv: list[str]) -> int:
         checkpoint_every=_CHECKPOINT_EVERY.value, **sel,
         capture_steps=steps_sel, budget_bytes=budget if capturing else None,
         seed=_SEED.value, progress=capture_eta)
-  except peat.PeatError as e:
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"golden run: {result.golden.workdir} (checkpoints "

@@ -13,6 +13,8 @@ writes <campaign_dir>/report.html (self-contained: open it in a browser) and
 report.json (the same data, docs/report.md). Nothing is rerun, so it works
 on an interrupted campaign, after `peat-playback --ops`, or to report
 another KUT whose records share the directory. Prints the summary table.
+Exit status 1 when the verdict reaches --fail_on (default fail), 2 on bad
+input.
 """
 
 import sys
@@ -35,18 +37,19 @@ _SOURCE = flags.DEFINE_enum(
 _KUT = flags.DEFINE_string(
     "kut", None, "KUT to report (default: the campaign's, or the only one "
     "in the records).", flag_values=FLAGS)
+_BACKWARD = _cli.define_report_backward_flag(FLAGS)
+_FAIL_ON = _cli.define_fail_on(FLAGS)
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   if not _CAMPAIGN_DIR.value:
     print("error: --campaign_dir is required", file=sys.stderr)
     return 2
   try:
-    out = peat.rebuild_report(_CAMPAIGN_DIR.value,
-                                          kut=_KUT.value,
-                                          source=_SOURCE.value)
+    out = peat.rebuild_report(_CAMPAIGN_DIR.value, kut=_KUT.value,
+                              source=_SOURCE.value, backward=_BACKWARD.value)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -54,7 +57,7 @@ def main(argv: list[str]) -> int:
   print(f"verdict: {out.verdict}")
   print(f"report: {out.html}")
   print(f"data: {out.json}")
-  return 0
+  return _cli.exit_status(out.verdict, _FAIL_ON.value)
 
 
 def run() -> None:

@@ -14,7 +14,9 @@ From the golden checkpoint --start_step of <campaign_dir>/golden, trains
   every_<n>      every call on steps where step % n == 0, golden otherwise
   fraction_<p>   a seeded random share p of the calls (seed 0)
 
-Errors persist and propagate, unlike playback FI. Each run's loss is
+With --backward=kut the KUT's VJP runs at the backward sites of the
+selected forward sites too (same schedule). Errors persist and propagate,
+unlike playback FI. Each run's loss is
 compared with the golden trajectory retrained from the same state; the
 golden seed-to-seed spread (fresh runs with --seeds) sets the divergence
 threshold: a run diverges at the first step whose loss is NaN/Inf, above
@@ -39,10 +41,7 @@ import peat_jax as peat
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory holding golden/. Required.",
     flag_values=FLAGS)
-_KUT = flags.DEFINE_string(
-    "kut", "native:conv2d:in_bf16",
-    "KUT spec: golden or native:<kernel>:<variant>[@tile].",
-    flag_values=FLAGS)
+_KUT = _cli.define_kut_flags(FLAGS)
 _FREQUENCIES = flags.DEFINE_list(
     "frequencies", ["every", "every_4", "fraction_0.25"],
     "Frequencies: every, every_<n>, fraction_<p>.", flag_values=FLAGS)
@@ -57,6 +56,7 @@ _SEEDS = flags.DEFINE_list(
 _SELECT = flags.DEFINE_string(
     "select", None, "fnmatch pattern narrowing the KUT's sites.",
     flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS)
 
 
@@ -75,8 +75,8 @@ def summary(result: peat.RuntimeResult) -> str:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   try:
     directory, _ = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value, None)
     seeds = tuple(int(s) for s in _SEEDS.value)
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 2
   try:
-    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
+    kut = _KUT.spec()  # parsed once, before any work
     for f in _FREQUENCIES.value:
       peat.profiler.parse_frequency(f)
     task = _TASK.task(directory)
@@ -97,9 +97,9 @@ def main(argv: list[str]) -> int:
           task, os.path.join(directory, "golden"), kut,
           frequencies=tuple(_FREQUENCIES.value), steps=_STEPS.value,
           start_step=_START.value, seeds=seeds, campaign_dir=directory,
-          select=_SELECT.value,
+          select=_SELECT.value, backward=_BACKWARD.value,
           progress=_cli.Eta(len(_FREQUENCIES.value), prefixes=("runtime ",)))
-  except peat.PeatError as e:
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(summary(result))

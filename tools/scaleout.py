@@ -19,8 +19,9 @@ with --num_processes > 1 every process joins jax.distributed at
 --coordinator (process 0's host:port), plays its share into
 <campaign_dir>/playback_shards/, and process 0 merges the shards into
 <campaign_dir>/playback.msgpack. <campaign_dir> must be one directory shared
-by all hosts. Records equal those of peat-playback; finished steps are
-skipped (resume). peat-report turns them into the report.
+by all hosts. Records equal those of peat-playback (--backward=kut: with
+the KUT's VJP at the backward sites, as peat-playback --backward=kut);
+finished steps are skipped (resume). peat-report turns them into the report.
 
 Runtime (--mode=runtime): data-parallel runtime FI on this process's
 devices (batch split over them, KUT on every device's shard), records in
@@ -45,10 +46,7 @@ from peat_jax import models  # pylint: disable=g-import-not-at-top,wrong-import-
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None, "Campaign directory holding golden/ (shared by all "
     "hosts). Required.", flag_values=FLAGS)
-_KUT = flags.DEFINE_string(
-    "kut", "native:conv2d:in_bf16",
-    "KUT spec: golden or native:<kernel>:<variant>[@tile].",
-    flag_values=FLAGS)
+_KUT = _cli.define_kut_flags(FLAGS)
 _MODE = flags.DEFINE_enum(
     "mode", "playback", ["playback", "runtime"],
     "playback: playback FI over devices and processes; runtime: "
@@ -78,11 +76,12 @@ _RUNTIME_STEPS = flags.DEFINE_integer(
 _START_STEP = flags.DEFINE_integer(
     "start_step", 0, "Runtime: golden checkpoint to start from.",
     flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS)
 
 
 def _task(directory: str):
-  if (_NUM_PROCESSES.value > 1
+  if (_NUM_PROCESSES.value > 1 and not _TASK.user.value
       and models.scenario_config(_TASK.scenario.value).get("pretrain")):
     raise peat.PeatError(
         f"scenario {_TASK.scenario.value!r} finetunes a pretraining checkpoint, "
@@ -102,7 +101,7 @@ def _playback(task, directory: str, steps, kut) -> None:
   result = peat.sharded_playback(
       task, os.path.join(directory, "golden"), kut,
       devices=_DEVICES.value, campaign_dir=directory, steps=steps,
-      select=_SELECT.value, progress=say)
+      select=_SELECT.value, progress=say, backward=_BACKWARD.value)
   if me != 0:
     return
   worst = {}
@@ -141,8 +140,8 @@ def _work(task, directory: str, steps, kut) -> None:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   try:
     directory, steps = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value,
                                                    _STEPS.value)
@@ -151,7 +150,12 @@ def main(argv: list[str]) -> int:
     return 2
   many = _NUM_PROCESSES.value > 1
   try:
-    kut = peat.kernels.parse_kut(_KUT.value)  # parsed once, before any work
+    kut = _KUT.spec()  # parsed once, before any work
+    if _MODE.value == "runtime" and _BACKWARD.value != "golden":
+      raise peat.PeatError(
+          "--mode=runtime (data-parallel runtime FI) runs the KUT at forward "
+          "sites only; --backward=kut needs --mode=playback, or peat-runtime "
+          "--backward=kut on one device")
     if many and _MODE.value == "runtime":
       raise peat.PeatError(
           "--mode=runtime trains data-parallel on one process's devices; "
@@ -166,7 +170,7 @@ def main(argv: list[str]) -> int:
     else:
       with peat.profiler.campaign_lock(directory):
         _work(task, directory, steps, kut)
-  except peat.PeatError as e:
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0

@@ -7,8 +7,14 @@ Usage::
   python -m peat_jax.tools.sites --model=cnn --kernel=conv_general_dilated --phase=bwd
   python -m peat_jax.tools.sites --model=gpt --pattern='fwd/*/attention:*' --names
 
+  python -m peat_jax.tools.sites --task=my_model:task   # your own model
+
 The step is traced, never run: the state comes from ``jax.eval_shape`` of the
-task's ``init_state``, so even large configs list in about a second.
+task's ``init_state``, so even large configs list in about a second. Sites
+of composite kernels (``*``) include the standard implementations
+(``jax.nn.softmax``, ``nnx.LayerNorm``, ``nnx.MultiHeadAttention``'s
+attention, optax's softmax cross-entropy, ...), recognized without model
+change (docs/sites.md).
 """
 
 import json
@@ -35,16 +41,18 @@ _PHASE = flags.DEFINE_list("phase", None, "Only these phases: fwd, bwd, upd.", f
 _PATTERN = flags.DEFINE_string("pattern", None, "Only site names matching this fnmatch glob.", flag_values=FLAGS)
 _COUNTS = flags.DEFINE_bool("counts", False, "Print site counts per kernel and phase only.", flag_values=FLAGS)
 _NAMES = flags.DEFINE_bool("names", False, "Print site names only, one per line.", flag_values=FLAGS)
+_TASK = _cli.define_task_flag(FLAGS)
 _STRUCTURAL = flags.DEFINE_bool(
     "structural", False, "Also list data-movement primitives (reshape, broadcast, ...).", flag_values=FLAGS)
 
 
-def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=None,
-               pattern=None, include_structural: bool = False) -> peat.SiteTable:
+def list_sites(model: "str | peat.TrainTask", overrides: dict | None = None, *,
+               kernel=None, phase=None, pattern=None,
+               include_structural: bool = False) -> peat.SiteTable:
   """Discovers (and optionally selects) the sites of a scenario's train step.
 
   Args:
-    model: scenario name from ``peat_jax.models``.
+    model: scenario name from ``peat_jax.models``, or a task.
     overrides: config overrides for ``models.get_task``.
     kernel: kernel name(s) to keep.
     phase: phase(s) to keep.
@@ -58,7 +66,8 @@ def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=
     PeatError: unknown scenario, config key, kernel, phase or an empty
       pattern match.
   """
-  task = models.get_task(model, **(overrides or {}))
+  task = (model if isinstance(model, peat.TrainTask)
+          else models.get_task(model, **(overrides or {})))
   state = jax.eval_shape(lambda: task.init_state(0))
   sites = peat.discover_sites(task.step_fn, state, task.batch_at(0),
                                 include_structural=include_structural)
@@ -68,8 +77,8 @@ def list_sites(model: str, overrides: dict | None = None, *, kernel=None, phase=
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   try:
     overrides = json.loads(_OVERRIDES.value)
   except json.JSONDecodeError as e:
@@ -77,9 +86,11 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 2
   try:
-    sites = list_sites(_MODEL.value, overrides, kernel=_KERNEL.value, phase=_PHASE.value,
+    _cli.check_task_flags(_TASK, _MODEL, _OVERRIDES)
+    model = _cli.user_task(_TASK.value).build() if _TASK.value else _MODEL.value
+    sites = list_sites(model, overrides, kernel=_KERNEL.value, phase=_PHASE.value,
                        pattern=_PATTERN.value, include_structural=_STRUCTURAL.value)
-  except peat.PeatError as e:
+  except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if _COUNTS.value:

@@ -6,9 +6,18 @@ Usage::
   python -m peat_jax.tools.validate --scenario=vit --kut=native:matmul:acc_bf16
   python -m peat_jax.tools.validate --kut=native:matmul:tile_edge_bug@4 \
       --steps=40 --checkpoint_every=10 --frequencies=every,every_4
+  # your own model and kernel (docs/kernels.md); exit status 1 on fail
+  python -m peat_jax.tools.validate --task=my_model:task \
+      --kut=py:my_kernels:layer_norm --kernel=layer_norm --fail_on=fail
 
 Runs (or resumes) the golden run, playback FI at every checkpoint, runtime FI
 at each frequency, the verdict and the report, all in ``--campaign_dir``.
+``--backward=kut`` also runs the KUT's VJP at the backward sites of its
+forward sites (each one recorded and diagnosed); the default
+``--backward=golden`` asks the forward-only question.
+
+Exit status: 0, or 1 when the verdict reaches ``--fail_on`` (default
+``fail``; ``warn`` for a stricter CI gate, ``never``), 2 on bad input.
 
 The default KUT, ``native:conv2d:in_bf16``, replaces the three forward
 convolutions of the default CNN (where nearly all of its compute is) by the
@@ -36,13 +45,13 @@ from peat_jax import models
 _SCENARIO = flags.DEFINE_string(
     "scenario", models.DEFAULT_SCENARIO,
     f"Training scenario, one of {models.scenario_names()}.", flag_values=FLAGS)
-_KUT = flags.DEFINE_string(
-    "kut", "native:conv2d:in_bf16",
-    "KUT spec: golden or native:<kernel>:<variant>[@tile] "
-    "(peat_jax.kernels.kut.known_specs()).", flag_values=FLAGS)
+_KUT = _cli.define_kut_flags(FLAGS)
+_TASK = _cli.define_task_flag(FLAGS)
+_FAIL_ON = _cli.define_fail_on(FLAGS)
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None,
-    "Campaign directory; default runs/campaign_<scenario>_<kut>.", flag_values=FLAGS)
+    "Campaign directory; default runs/campaign_<scenario or task>_<kut>.",
+    flag_values=FLAGS)
 _STEPS = flags.DEFINE_integer(
     "steps", 40, "Golden training steps (and runtime FI steps).", flag_values=FLAGS)
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
@@ -64,7 +73,7 @@ _ISOLATE = flags.DEFINE_enum(
     "Run playback and runtime FI in worker processes with time and memory "
     "limits, so that a KUT that crashes, hangs or exhausts memory becomes a "
     "crash/hang finding instead of killing the campaign. auto: on for "
-    "native: KUTs (required for the deliberately broken ones).",
+    "native: and ffi: KUTs (required for the deliberately broken ones).",
     flag_values=FLAGS)
 _TIMEOUT_S = flags.DEFINE_float(
     "timeout_s", peat.profiler.TIMEOUT_S,
@@ -74,6 +83,7 @@ _STARTUP_S = flags.DEFINE_float(
     "startup_s", peat.profiler.STARTUP_S,
     "Isolation: extra seconds for each worker's first checkpoint (import, "
     "tracing, compilation).", flag_values=FLAGS)
+_BACKWARD = _cli.define_backward_flag(FLAGS)
 _MEMORY_LIMIT_MB = flags.DEFINE_integer(
     "memory_limit_mb", peat.profiler.MEMORY_LIMIT_MB,
     "Isolation: resident memory (MiB) a worker may use; 0 for no limit.",
@@ -85,37 +95,46 @@ def _safe(s: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) > 1:
-    raise ValueError(f"unexpected arguments: {argv[1:]}")
+  if _cli.stray(argv) is not None:
+    return 2
   logging.set_verbosity(logging.WARNING)
-  directory = os.path.abspath(_CAMPAIGN_DIR.value or os.path.join(
-      "runs", f"campaign_{_scenario()}_{_safe(_KUT.value)}"))
-  overrides = json.loads(_OVERRIDES.value) if _OVERRIDES.value else {}
+  try:
+    _cli.check_task_flags(_TASK, _SCENARIO, _BATCH_SIZE, _OVERRIDES)
+    overrides = json.loads(_OVERRIDES.value) if _OVERRIDES.value else {}
+  except (_cli.UsageError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   if _BATCH_SIZE.value:
     overrides["batch_size"] = _BATCH_SIZE.value
+  label = _safe(_TASK.value) if _TASK.value else _scenario()
+  directory = os.path.abspath(_CAMPAIGN_DIR.value or os.path.join(
+      "runs", f"campaign_{label}_{_safe(_KUT.kut.value)}"
+      + ("_bwd" if _BACKWARD.value == "kut" else "")))
   try:
-    if _KUT.value.startswith("torch:"):
-      import peat_jax.bridges  # pylint: disable=g-import-not-at-top,unused-import  # registers torch:* specs
-    # A recipe, not a task: isolated workers rebuild the task from it.
-    factory = models.prepare_task_factory(
-        _scenario(), os.path.join(directory, "task"), seed=_SEED.value,
-        progress=print, **overrides)
+    spec = _KUT.spec()  # parsed once, before any work
+    if _TASK.value:  # the user's task: a recipe workers rebuild it from
+      factory = peat.TaskFactory.from_spec(_TASK.value)
+    else:  # a recipe, not a task: isolated workers rebuild the task from it
+      factory = models.prepare_task_factory(
+          _scenario(), os.path.join(directory, "task"), seed=_SEED.value,
+          progress=print, **overrides)
     paths = peat.validate(
-        factory, _KUT.value, directory, steps=_STEPS.value,
+        factory, spec, directory, steps=_STEPS.value,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         frequencies=tuple(_FREQUENCIES.value),
         runtime_steps=_RUNTIME_STEPS.value, select=_SELECT.value,
-        seed=_SEED.value, scenario=_scenario(),
+        seed=_SEED.value, scenario=None if _TASK.value else _scenario(),
         isolate={"auto": None, "on": True, "off": False}[_ISOLATE.value],
         timeout_s=_TIMEOUT_S.value, startup_s=_STARTUP_S.value,
-        memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print)
+        memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print,
+        backward=_BACKWARD.value)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"verdict: {paths.verdict}")
   print(f"report: {paths.html}")
   print(f"data: {paths.json}")
-  return 0
+  return _cli.exit_status(paths.verdict, _FAIL_ON.value)
 
 
 def _scenario() -> str:

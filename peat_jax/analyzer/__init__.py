@@ -24,6 +24,8 @@ from peat_jax.analyzer._api import signature_init as signature_init
 from peat_jax.analyzer._api import signature_pure as signature_pure
 from peat_jax.analyzer._api import signature_update as signature_update
 from peat_jax.analyzer._api import split_on_device as split_on_device
+from peat_jax.analyzer._ports import needs_probe as needs_probe
+from peat_jax.analyzer._ports import port_probe as port_probe
 from peat_jax.analyzer._references import REFERENCES as REFERENCES
 from peat_jax.analyzer._references import reference as reference
 from peat_jax.analyzer._references import reference_attention as reference_attention
@@ -33,9 +35,13 @@ from peat_jax.analyzer._references import reference_dot_general as reference_dot
 from peat_jax.analyzer._references import reference_fn as reference_fn
 from peat_jax.analyzer._references import reference_gelu as reference_gelu
 from peat_jax.analyzer._references import reference_layer_norm as reference_layer_norm
+from peat_jax.analyzer._references import reference_log_softmax as reference_log_softmax
+from peat_jax.analyzer._references import reference_rms_norm as reference_rms_norm
 from peat_jax.analyzer._references import reference_matmul as reference_matmul
 from peat_jax.analyzer._references import reference_softmax as reference_softmax
 from peat_jax.analyzer._references import reference_traced as reference_traced
+from peat_jax.analyzer._references import reference_vjp_fn as reference_vjp_fn
+from peat_jax.analyzer._references import TRACED_REFERENCES as TRACED_REFERENCES
 from peat_jax.analyzer._signature import HIST_BUCKETS as HIST_BUCKETS
 from peat_jax.analyzer._signature import LANES as LANES
 from peat_jax.analyzer._signature import NARROW_FORMATS as NARROW_FORMATS

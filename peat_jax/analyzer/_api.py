@@ -16,8 +16,9 @@ from jax import lax
 from peat_jax.core import PeatError
 from peat_jax.analyzer._checks import (
     _check_dtype, _check_pair, _split_reference)
-from peat_jax.analyzer._bits import _uint
+from peat_jax.analyzer._bits import _from_bits, _uint
 from peat_jax.analyzer._native import _accumulate_native
+from peat_jax.analyzer._decompose import decompose
 from peat_jax.analyzer._finalize import _finalize
 from peat_jax.analyzer._pass import (
     _accumulate, _accumulate_bits, _merge, _view2d)
@@ -63,7 +64,10 @@ def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
   Returns:
     The `Signature`.
   """
-  return _finalize(_accumulate_auto(t, g, ref_hi, ref_lo))
+  state = _accumulate_auto(t, g, ref_hi, ref_lo)
+  if ref_hi is None:
+    return _finalize(state)
+  return _finalize(state, decompose(t, g, ref_hi, ref_lo))
 
 
 # `analyze`: the statistics pass and the finalization in one executable
@@ -71,9 +75,10 @@ def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
 _analyze_jit = jax.jit(
     lambda t, g: _finalize(_accumulate_auto(t, g, None, None)))
 _analyze_ref_jit = jax.jit(
-    lambda t, g, hi, lo: _finalize(_accumulate_auto(t, g, hi, lo)))
+    lambda t, g, hi, lo: _finalize(_accumulate_auto(t, g, hi, lo),
+                                   decompose(t, g, hi, lo)))
 _analyze_many_jit = jax.jit(lambda ts, gs, his, los: [
-    _finalize(_accumulate_auto(t, g, hi, lo))
+    _finalize(_accumulate_auto(t, g, hi, lo), decompose(t, g, hi, lo))
     for t, g, hi, lo in zip(ts, gs, his, los)])
 _analyze_many_packed_jit = jax.jit(
     lambda ts, gs, his, los: _pack(_analyze_many_jit(ts, gs, his, los)))
@@ -98,6 +103,13 @@ _batch_accumulate_ref_jit = jax.jit(
                                                                 lo),
     static_argnames="dtype")
 _batch_finalize_jit = jax.jit(jax.vmap(_finalize))
+_batch_finalize_dec_jit = jax.jit(jax.vmap(_finalize))
+_batch_decompose_jit = jax.jit(
+    lambda ut, ug, hi, lo, dtype: jax.vmap(
+        lambda a, b, c, d: decompose(
+            _from_bits(a, dtype), _from_bits(b, dtype),
+            lax.bitcast_convert_type(c, jnp.float32), d))(ut, ug, hi, lo),
+    static_argnames="dtype")
 
 
 def _x64_scope(dtype):
@@ -303,9 +315,10 @@ def analyze_batch(tests, goldens, references=None) -> Signature:
     if references is None:
       return _batch_finalize_jit(_batch_accumulate_jit(ut, ug, dtype=dtype))
     hi, lo = _split_reference(references, shape, batched=True)
-    return _batch_finalize_jit(
-        _batch_accumulate_ref_jit(ut, ug, jnp.asarray(hi.view(np.uint32)),
-                                  lo, dtype=dtype))
+    hib = jnp.asarray(hi.view(np.uint32))
+    return _batch_finalize_dec_jit(
+        _batch_accumulate_ref_jit(ut, ug, hib, lo, dtype=dtype),
+        _batch_decompose_jit(ut, ug, hib, lo, dtype=dtype))
 
 
 def signature_init(shape, dtype) -> SignatureState:

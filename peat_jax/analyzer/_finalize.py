@@ -7,6 +7,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from peat_jax.analyzer._bits import _combine_scaled
+from peat_jax.analyzer._decompose import Decomposition
+from peat_jax.analyzer._decompose import empty as empty_decomposition
 from peat_jax.analyzer._bits import _div_by_max
 from peat_jax.analyzer._signature import (
     Array, HIST_BUCKETS, LANES, PERCENTILES, SHIFT_MIN_COMPARED, SHIFT_RANGE,
@@ -38,7 +40,8 @@ def _hist_pct(hist: Array, total: Array, vmax: Array) -> Array:
   return jnp.stack(out).astype(jnp.float32)
 
 
-def _finalize(s: SignatureState) -> Signature:
+def _finalize(s: SignatureState, dec: Decomposition | None = None
+              ) -> Signature:
   """SignatureState -> Signature (pure)."""
   f32 = jnp.float32
   cdt = s.row_abs_max.dtype
@@ -233,4 +236,7 @@ def _finalize(s: SignatureState) -> Signature:
       ref_golden_shrunk=refv(s.ref_g_shrunk.astype(f32) / nref),
       ref_golden_grown=refv(s.ref_g_grown.astype(f32) / nref),
       zeroed_golden_absmax=s.zeroed_g_max.astype(f32),
+      **(dec if dec is not None else empty_decomposition(
+          s.row_ndiff.shape[-1], s.col_ndiff.shape[-1],
+          s.bits_up.shape[-1]))._asdict(),
   )

@@ -172,7 +172,48 @@ def reference_softmax(x, axis: int = -1) -> np.ndarray:
     float64 array of x's shape.
   """
   _check_ndim(x, 1, "x")
-  return reference(lambda v: jax.nn.softmax(v, axis=axis), x)
+  return reference(lambda v: _softmax64(v, axis), x)
+
+
+def _softmax64(x, axis: int = -1):
+  return jax.nn.softmax(x, axis=axis)
+
+
+def reference_log_softmax(x, axis: int = -1) -> np.ndarray:
+  """float64 log-softmax along `axis` (the ``log_softmax`` composite kind).
+
+  Args:
+    x: logits.
+    axis: the normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+  return reference(lambda v: jax.nn.log_softmax(v, axis=axis), x)
+
+
+def reference_rms_norm(x, scale=None, eps: float = 1e-6,
+                       axis: int = -1) -> np.ndarray:
+  """float64 RMS norm: x / sqrt(mean(x**2) + eps) * scale, as nnx.RMSNorm.
+
+  Args:
+    x: input.
+    scale: optional scale, broadcast against the normalized axis.
+    eps: epsilon added to the mean square.
+    axis: normalized axis.
+
+  Returns:
+    float64 array of x's shape.
+  """
+  _check_ndim(x, 1, "x")
+
+  return reference(lambda v, s: _rms_norm64(v, s, eps, axis), x, scale)
+
+
+def _rms_norm64(v, s=None, eps: float = 1e-6, axis: int = -1):
+  y = v * lax.rsqrt(jnp.mean(jnp.square(v), axis=axis, keepdims=True) + eps)
+  return y if s is None else y * s
 
 
 def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
@@ -193,22 +234,23 @@ def reference_layer_norm(x, scale=None, bias=None, eps: float = 1e-6,
     float64 array of x's shape.
   """
   _check_ndim(x, 1, "x")
+  return reference(lambda v, s, b: _layer_norm64(v, s, b, eps, axis),
+                   x, scale, bias)
 
-  def f(v, s, b):
-    mu = jnp.mean(v, axis=axis, keepdims=True)
-    var = jnp.mean(jnp.square(v - mu), axis=axis, keepdims=True)
-    y = (v - mu) * lax.rsqrt(var + eps)
-    if s is not None:
-      y = y * s
-    if b is not None:
-      y = y + b
-    return y
 
-  return reference(f, x, scale, bias)
+def _layer_norm64(v, s=None, b=None, eps: float = 1e-6, axis: int = -1):
+  mu = jnp.mean(v, axis=axis, keepdims=True)
+  var = jnp.mean(jnp.square(v - mu), axis=axis, keepdims=True)
+  y = (v - mu) * lax.rsqrt(var + eps)
+  if s is not None:
+    y = y * s
+  if b is not None:
+    y = y + b
+  return y
 
 
 def reference_attention(q, k, v, mask=None, scale: float | None = None,
-                        bias=None) -> np.ndarray:
+                        bias=None, is_causal: bool = False) -> np.ndarray:
   """float64 dot-product attention in Flax's layout.
 
   out[b, t, h, :] = sum_s softmax_s(scale * <q[b,t,h], k[b,s,h]> + bias
@@ -221,6 +263,8 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
     mask: optional boolean mask broadcastable to (B, H, T, S); True keeps.
     scale: logit scale (default 1 / sqrt(D)).
     bias: optional additive logit bias broadcastable to (B, H, T, S).
+    is_causal: also mask every key after its query (``s > t``), as
+      ``jax.nn.dot_product_attention(is_causal=True)``.
 
   Returns:
     float64 array (B, T, H, Dv).
@@ -238,19 +282,25 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
         f"attention: q {np.shape(q)}, k {np.shape(k)}, v {np.shape(v)} "
         "disagree; expected q and k to share head_dim and k and v to share "
         "length. Fix: pass the site's q, k, v in that order.")
-  sc = 1.0 / math.sqrt(np.shape(q)[-1]) if scale is None else float(scale)
+  if is_causal:
+    causal = np.tril(np.ones((np.shape(q)[1], np.shape(k)[1]), bool))
+    mask = causal if mask is None else np.logical_and(np.asarray(mask),
+                                                      causal)
+  return reference(lambda qq, kk, vv, m, bb: _attention64(qq, kk, vv, m, scale,
+                                                         bb),
+                   q, k, v, mask, bias)
 
-  def f(qq, kk, vv, m, bb):
-    hp = lax.Precision.HIGHEST
-    logits = jnp.einsum("bthd,bshd->bhts", qq, kk, precision=hp) * sc
-    if bb is not None:
-      logits = logits + bb
-    if m is not None:
-      logits = jnp.where(m, logits, -jnp.inf)
-    w = jax.nn.softmax(logits, axis=-1)
-    return jnp.einsum("bhts,bshd->bthd", w, vv, precision=hp)
 
-  return reference(f, q, k, v, mask, bias)
+def _attention64(qq, kk, vv, m=None, scale: float | None = None, bb=None):
+  sc = 1.0 / math.sqrt(np.shape(qq)[-1]) if scale is None else float(scale)
+  hp = lax.Precision.HIGHEST
+  logits = jnp.einsum("bthd,bshd->bhts", qq, kk, precision=hp) * sc
+  if bb is not None:
+    logits = logits + bb
+  if m is not None:
+    logits = jnp.where(m, logits, -jnp.inf)
+  w = jax.nn.softmax(logits, axis=-1)
+  return jnp.einsum("bhts,bshd->bthd", w, vv, precision=hp)
 
 
 def reference_gelu(x, approximate: bool = False) -> np.ndarray:
@@ -264,20 +314,26 @@ def reference_gelu(x, approximate: bool = False) -> np.ndarray:
   Returns:
     float64 array of x's shape.
   """
-  return reference(lambda v: jax.nn.gelu(v, approximate=approximate), x)
+  return reference(lambda v: _gelu64(v, approximate), x)
 
 
-def reference_cross_entropy(logits, labels) -> np.ndarray:
+def _gelu64(x, approximate: bool = False):
+  return jax.nn.gelu(x, approximate=approximate)
+
+
+def reference_cross_entropy(logits, labels,
+                            reduction: str = "none") -> np.ndarray:
   """float64 per-example softmax cross-entropy over the last axis.
 
   Args:
     logits: (..., K).
     labels: integer class ids (...) or float targets (..., K) (one-hot or
       probabilities).
+    reduction: ``"none"`` (per example) or ``"mean"`` (their mean).
 
   Returns:
     float64 losses (...): logsumexp(logits) - logits[label], or
-    -sum(targets * log_softmax(logits)).
+    -sum(targets * log_softmax(logits)); their mean for ``"mean"``.
 
   Raises:
     PeatError: labels' shape fits neither form.
@@ -293,15 +349,36 @@ def reference_cross_entropy(logits, labels) -> np.ndarray:
     raise PeatError(
         f"cross_entropy: float targets have shape {lb}; expected {ls}. Fix:"
         " pass one-hot or probability targets, or integer class ids.")
+  if reduction not in ("none", "mean"):
+    raise PeatError(f"cross_entropy: reduction {reduction!r}; expected "
+                    "'none' or 'mean'")
+  out = reference(_cross_entropy64, logits, labels)
+  return np.mean(out) if reduction == "mean" else out
 
-  def f(z, y):
-    logp = jax.nn.log_softmax(z, axis=-1)
-    if int_labels:
-      return -jnp.take_along_axis(logp, y[..., None].astype(jnp.int32),
-                                  axis=-1)[..., 0]
-    return -jnp.sum(y * logp, axis=-1)
 
-  return reference(f, logits, labels)
+def _cross_entropy64(z, y):
+  logp = jax.nn.log_softmax(z, axis=-1)
+  if jnp.issubdtype(y.dtype, jnp.integer):
+    return -jnp.take_along_axis(logp, y[..., None].astype(jnp.int32),
+                                axis=-1)[..., 0]
+  return -jnp.sum(y * logp, axis=-1)
+
+
+def _attention_call64(q, k, v, mask=None, *, bias=None, scale=None,
+                      is_causal=False):
+  """:func:`_attention64` with the attention composite's KUT signature."""
+  if is_causal:
+    causal = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    mask = causal if mask is None else jnp.logical_and(mask, causal)
+  return _attention64(q, k, v, mask, scale, bias)
+
+
+def _cross_entropy_call64(z, y, reduction: str = "mean"):
+  """:func:`_cross_entropy64` with the composite's KUT signature: the mean
+  by default (the reference models' composite), per example for
+  ``reduction="none"`` (optax's)."""
+  out = _cross_entropy64(z, y)
+  return jnp.mean(out) if reduction == "mean" else out
 
 
 #: Kernel name -> float64 reference helper.
@@ -311,10 +388,27 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "conv": reference_conv,
     "conv_general_dilated": reference_conv,
     "softmax": reference_softmax,
+    "log_softmax": reference_log_softmax,
     "layer_norm": reference_layer_norm,
+    "rms_norm": reference_rms_norm,
     "attention": reference_attention,
     "gelu": reference_gelu,
     "cross_entropy": reference_cross_entropy,
+}
+
+
+#: Composite kind -> its float64 reference as a traceable JAX function with
+#: the helper's signature (run it on float64 arrays with x64 enabled); the
+#: VJP of a composite's reference (:func:`reference_vjp_fn`) differentiates
+#: it.
+TRACED_REFERENCES: dict[str, Callable[..., Any]] = {
+    "softmax": _softmax64,
+    "log_softmax": lambda x, axis=-1: jax.nn.log_softmax(x, axis=axis),
+    "layer_norm": _layer_norm64,
+    "rms_norm": _rms_norm64,
+    "attention": _attention_call64,
+    "gelu": _gelu64,
+    "cross_entropy": _cross_entropy_call64,
 }
 
 
@@ -350,6 +444,55 @@ def reference_fn(kernel: str, params: dict) -> Callable:
   raise PeatError(f"no float64 reference for kernel {kernel!r}; expected one "
                   f"of dot_general, conv_general_dilated, "
                   f"{', '.join(REFERENCES)}")
+
+
+def reference_vjp_fn(kernel: str, params: dict) -> Callable | None:
+  """The float64 VJP of a composite's reference, for its backward site.
+
+  A composite's backward site takes the forward call's array arguments
+  and the output cotangents and returns the cotangents of the
+  floating-point arguments; its reference is ``jax.vjp`` of the kind's
+  float64 reference (:data:`TRACED_REFERENCES`) at those arguments, applied
+  to the cotangents, all in float64.
+
+  Args:
+    kernel: the composite kind.
+    params: the recorded forward call ``{"template": (treedef, leaves,
+      is_array)}`` (``kernels.kut.recording``).
+
+  Returns:
+    ``f(*arrays, *cotangents) -> [float64 host cotangent per float
+    argument]``, or None for a kind without a traceable reference. ``f``
+    returns None when the reference's output does not have the
+    cotangents' shapes (a reference of another form than the marked
+    function, e.g. per-example cross-entropy of a mean loss).
+  """
+  core = TRACED_REFERENCES.get(kernel)
+  if core is None or "template" not in params:
+    return None
+  treedef, leaves, is_array = params["template"]
+  n = sum(is_array)
+
+  def vjp64(*xs):
+    arrays, cts = list(xs[:n]), list(xs[n:])
+    floats = [i for i, x in enumerate(arrays)
+              if jnp.issubdtype(x.dtype, jnp.floating)]
+
+    def run(*fl):
+      full = list(arrays)
+      for i, x in zip(floats, fl):
+        full[i] = x
+      it = iter(full)
+      lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
+      args, kwargs = jax.tree.unflatten(treedef, lv)
+      return jax.tree.leaves(core(*args, **kwargs))
+
+    outs, vjp = jax.vjp(run, *[arrays[i] for i in floats])
+    if [np.shape(o) for o in outs] != [np.shape(c) for c in cts]:
+      return None
+    return list(vjp([c.astype(o.dtype) for c, o in zip(cts, outs)]))
+
+  return lambda *xs: reference(vjp64, *xs)
 
 
 def reference_traced(kernel: str, params: dict) -> Callable | None:

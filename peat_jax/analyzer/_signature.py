@@ -307,6 +307,25 @@ class Signature(NamedTuple):
       writes.
     The ref_* fields, noise_ratio and the share_*_closer fields are NaN
     when no reference was given.
+    decomposed ... n_tiny_zeroed: the noise-aware decomposition of
+      `analyzer._decompose` (outliers beyond a rounding envelope calibrated
+      on the golden kernel's own error, fault statistics on the outliers,
+      per-row fits and the value-function share), computed by `analyze`,
+      `analyze_split`, `analyze_split_many` and `analyze_batch` when a
+      reference is given; `decomposed` is False (and the fields neutral)
+      without a reference and in the streaming form. Every field is
+      documented in docs/signature.md.
+      Its fields: decomposed, env_theta, env_theta_golden, env_golden_z,
+      z_med_test, z_med_golden, z_max_test, n_beyond, n_out, n_out_zero,
+      n_out_flip1, n_out_flip2, n_out_moved, n_out_matched,
+      out_flip_bits, out_flip_up, out_bits_xor, out_lane, out_rows,
+      out_cols, out_tiles_any, out_tiles_all, out_shift_col,
+      out_shift_row, out_transpose, out_shift_n, out_abs_max,
+      in_rel_rms, in_bias, row_delta, row_resid, row_err, fit_delta,
+      fit_resid, value_r2, n_tiny, n_tiny_zeroed, rel_max_test,
+      rel_max_golden, n_small, n_small_err_test, n_small_err_golden,
+      balance_test, balance_golden, n_ulps_test, n_ulps_golden,
+      n_nonfinite_mismatch.
   """
 
   n: Array
@@ -388,3 +407,51 @@ class Signature(NamedTuple):
   ref_golden_shrunk: Array
   ref_golden_grown: Array
   zeroed_golden_absmax: Array
+  # The noise-aware decomposition (analyzer._decompose; docs/signature.md).
+  decomposed: Array
+  env_theta: Array
+  env_theta_golden: Array
+  env_golden_z: Array
+  z_med_test: Array
+  z_med_golden: Array
+  z_max_test: Array
+  n_beyond: Array
+  n_out: Array
+  n_out_zero: Array
+  n_out_flip1: Array
+  n_out_flip2: Array
+  n_out_moved: Array
+  n_out_matched: Array
+  out_flip_bits: Array
+  out_flip_up: Array
+  out_bits_xor: Array
+  out_lane: Array
+  out_rows: Array
+  out_cols: Array
+  out_tiles_any: Array
+  out_tiles_all: Array
+  out_shift_col: Array
+  out_shift_row: Array
+  out_transpose: Array
+  out_shift_n: Array
+  out_abs_max: Array
+  in_rel_rms: Array
+  in_bias: Array
+  row_delta: Array
+  row_resid: Array
+  row_err: Array
+  fit_delta: Array
+  fit_resid: Array
+  value_r2: Array
+  n_tiny: Array
+  n_tiny_zeroed: Array
+  rel_max_test: Array
+  rel_max_golden: Array
+  n_small: Array
+  n_small_err_test: Array
+  n_small_err_golden: Array
+  balance_test: Array
+  balance_golden: Array
+  n_ulps_test: Array
+  n_ulps_golden: Array
+  n_nonfinite_mismatch: Array

@@ -5,9 +5,12 @@ Diagnosis types, the numbers the rules share), ``_rules`` (structural
 faults), ``_rounding`` (dense rounding-level errors), ``_detect`` (the
 ranking of the rules' candidates into a diagnosis), ``_verdict`` (one
 verdict over many records), ``_training`` (training-level rules: a noise
-ratio rising over the checkpoints, weights moved beyond the bf16 proxy) and
-``_calibration`` (confusion matrices on
-errors of known cause). docs/detector.md lists every rule with its
+ratio rising over the checkpoints, weights moved beyond the bf16 proxy),
+``_calibration`` (confusion matrices on errors of known cause),
+``_composed`` (faults planted on a real port's own noise, and port
+mismatches), ``_outliers`` (faults read on the outliers of the
+noise-aware decomposition), ``_ports`` (another constant or closed
+form). docs/detector.md lists every rule with its
 derivation.
 """
 
@@ -16,7 +19,12 @@ from peat_jax.detector._calibration import CalibrationCase as CalibrationCase
 from peat_jax.detector._calibration import CalibrationRecord as CalibrationRecord
 from peat_jax.detector._calibration import CalibrationResult as CalibrationResult
 from peat_jax.detector._calibration import is_correct as is_correct
+from peat_jax.detector._calibration import reliability as reliability
+from peat_jax.detector._calibration import reliability_table as reliability_table
 from peat_jax.detector._calibration import run_calibration as run_calibration
+from peat_jax.detector._composed import family as family
+from peat_jax.detector._composed import family_correct as family_correct
+from peat_jax.detector._composed import run_composed_calibration as run_composed_calibration
 from peat_jax.detector._detect import detect as detect
 from peat_jax.detector._detect import detect_batch as detect_batch
 from peat_jax.detector._facts import FAULT_MODELS as FAULT_MODELS
@@ -29,11 +37,14 @@ from peat_jax.detector._training import TREND_FACTOR as TREND_FACTOR
 from peat_jax.detector._training import TREND_MIN_STEPS as TREND_MIN_STEPS
 from peat_jax.detector._training import noise_trend as noise_trend
 from peat_jax.detector._training import weights_verdict as weights_verdict
+from peat_jax.detector._verdict import FAIL_ON as FAIL_ON
 from peat_jax.detector._verdict import LOCALIZE_NOISE_RATIO as LOCALIZE_NOISE_RATIO
 from peat_jax.detector._verdict import VERDICTS as VERDICTS
 from peat_jax.detector._verdict import Verdict as Verdict
 from peat_jax.detector._verdict import diagnosis_of as diagnosis_of
+from peat_jax.detector._verdict import diagnosis_record as diagnosis_record
 from peat_jax.detector._verdict import localize as localize
+from peat_jax.detector._verdict import reaches as reaches
 from peat_jax.detector._verdict import severity as severity
 from peat_jax.detector._verdict import verdict as verdict
 from peat_jax.detector._verdict import worst as worst

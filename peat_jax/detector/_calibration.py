@@ -74,6 +74,8 @@ class CalibrationRecord(NamedTuple):
   confidence: float
   verdict: str
   evidence: str
+  base: str = ""  # composed cases: the benign base's own model
+  secondary: str = ""  # the diagnosis' secondary cause, if any
 
 
 class CalibrationResult(NamedTuple):
@@ -111,7 +113,51 @@ class CalibrationResult(NamedTuple):
             "exact/reordering)")
 
 
-def _injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
+#: Bins of stated confidence for the reliability table.
+RELIABILITY_BINS = (0.0, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+def reliability(records: Sequence[CalibrationRecord],
+                correct: Callable[[CalibrationRecord], bool],
+                bins: Sequence[float] = RELIABILITY_BINS
+                ) -> list[tuple[float, float, int, float, float]]:
+  """Stated confidence against observed accuracy.
+
+  Args:
+    records: calibration records.
+    correct: whether a record's diagnosis is right (``is_correct``,
+      ``family_correct``).
+    bins: edges of the confidence bins (the last bin includes 1.0).
+
+  Returns:
+    ``(lo, hi, count, mean stated confidence, observed accuracy)`` per
+    non-empty bin.
+  """
+  out = []
+  for i, (lo, hi) in enumerate(zip(bins[:-1], bins[1:])):
+    last = i == len(bins) - 2
+    rows = [r for r in records
+            if lo <= r.confidence and (r.confidence < hi or
+                                       (last and r.confidence <= hi))]
+    if rows:
+      out.append((lo, hi, len(rows),
+                  float(np.mean([r.confidence for r in rows])),
+                  sum(map(correct, rows)) / len(rows)))
+  return out
+
+
+def reliability_table(records: Sequence[CalibrationRecord],
+                      correct: Callable[[CalibrationRecord], bool]) -> str:
+  """:func:`reliability` as a Markdown table."""
+  lines = ["| stated confidence | cases | mean stated | observed accuracy |",
+           "| --- | ---: | ---: | ---: |"]
+  for lo, hi, n, stated, seen in reliability(records, correct):
+    lines.append(f"| [{lo:.2f}, {hi:.2f}{']' if hi >= 1.0 else ')'} | {n} | "
+                 f"{stated:.3f} | {seen:.1%} |")
+  return "\n".join(lines)
+
+
+def injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
                 ) -> list[tuple[str, str, dict[str, Any]]]:
   """(expected model, injector name, params) for tensor injections.
 
@@ -165,10 +211,43 @@ def _uint(dtype):
   return {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[jnp.dtype(dtype).itemsize]
 
 
-def _diagnose(t, g, r, context, repeat=None, dtype=None):
+def diagnose(t, g, r, context, repeat=None, dtype=None, full: bool = False,
+             probe=None):
+  """The Detector's diagnosis of one produced output (analyze + detect);
+  with ``full``, ``(diagnosis, signature)``.
+
+  ``probe`` is ``(kind, args, kwargs, reference_fn)`` of the call: when
+  the signature calls for it (peat.analyzer.needs_probe), the port probe
+  runs as in playback and its result is the context's ``port``.
+  """
   sig = _analyzer.analyze(t, g, r)
   rep = None if repeat is None else _analyzer.analyze(repeat, t)
-  return _detector.detect(sig, repeat=rep, dtype=dtype, context=context)
+  if probe is not None and r is not None and _analyzer.needs_probe(sig):
+    kind, args, kwargs, fn = probe
+    found = _analyzer.port_probe(kind, args, kwargs, t, g, r,
+                                 reference_fn=fn)
+    if found is not None:
+      context = {**context, "port": found}
+  diag = _detector.detect(sig, repeat=rep, dtype=dtype, context=context)
+  return (diag, sig) if full else diag
+
+
+def probe_of(case: "CalibrationCase", inputs: tuple) -> tuple:
+  """``diagnose``'s ``probe`` argument for a case on ``inputs``."""
+  keywords = dict(getattr(case.golden_fn, "keywords", None) or {})
+  return (case.kernel, inputs, keywords,
+          lambda *a: reference_of(case, a))
+
+
+def reference_of(case: CalibrationCase, inputs: tuple):
+  """The float64 reference of a case's golden function on ``inputs``."""
+  return _analyzer.reference(case.golden_fn, *inputs)
+
+
+def bit_equal(a, b) -> bool:
+  """Whether two arrays of one float dtype are bitwise equal."""
+  return bool(jnp.all(lax.bitcast_convert_type(a, _uint(a.dtype)) ==
+                      lax.bitcast_convert_type(b, _uint(b.dtype))))
 
 
 def run_calibration(cases: Sequence[CalibrationCase], *,
@@ -210,19 +289,19 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
                      if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
                      else jnp.asarray(x) for x in case.inputs)
       g = jax.jit(case.golden_fn)(*inputs)
-      r = _analyzer.reference(case.golden_fn, *inputs)
+      r = reference_of(case, inputs)
+      probe = probe_of(case, inputs)
       for seed in seeds:
         rng = np.random.default_rng(
             [seed, len(records), int(np.prod(g.shape))])
         for k, (expected, name, params) in enumerate(
-            _injections(rng, tuple(g.shape), dtype)):
+            injections(rng, tuple(g.shape), dtype)):
           key = jax.random.PRNGKey(1000 * seed + k)
           t = _injectors.inject(name, key, g, **params)
-          if bool(jnp.all(lax.bitcast_convert_type(t, _uint(t.dtype)) ==
-                          lax.bitcast_convert_type(g, _uint(g.dtype)))):
+          if bit_equal(t, g):
             expected = "exact"  # the fault hit values it does not change
           add(case, dtype, "inject", f"{name} {params}", expected,
-              _diagnose(t, g, r, context, dtype=dt))
+              diagnose(t, g, r, context, dtype=dt, probe=probe))
       if dtype != "float32":
         continue
       if compute and case.kernel in ("matmul", "conv"):
@@ -237,7 +316,7 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
           rep = (jax.jit(kut)(*inputs, inject_key=jax.random.PRNGKey(2))
                  if name == "nondeterminism" else None)
           add(case, dtype, "compute", name, expected,
-              _diagnose(t, g, r, context, repeat=rep))
+              diagnose(t, g, r, context, repeat=rep, probe=probe))
       if native and case.native is not None:
         default = case.native("default")(*inputs)
         for variant, expected in case.native_variants.items():
@@ -256,10 +335,10 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
                 break
               rep = fn(*inputs)
           add(case, dtype, "native", variant, expected,
-              _diagnose(t, g, r, context, repeat=rep))
+              diagnose(t, g, r, context, repeat=rep, probe=probe))
     if progress:
       progress(f"{case.kernel:10s} {case.source}: {len(records)} cases so far")
-  return _summarize(records)
+  return summarize(records)
 
 
 def is_correct(r: CalibrationRecord) -> bool:
@@ -269,7 +348,8 @@ def is_correct(r: CalibrationRecord) -> bool:
       r.expected == "reordering" and r.predicted == "exact")
 
 
-def _summarize(records: list[CalibrationRecord]) -> CalibrationResult:
+def summarize(records: list[CalibrationRecord]) -> CalibrationResult:
+  """Confusion matrix, per-model accuracy, false alarms and misses."""
   labels = sorted({r.expected for r in records} | {r.predicted for r in records},
                   key=lambda l: (l not in BENIGN, l))
   index = {l: i for i, l in enumerate(labels)}

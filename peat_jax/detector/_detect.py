@@ -33,8 +33,10 @@ import numpy as np
 
 from peat_jax.core import PeatError
 from peat_jax.detector._facts import (
-    Candidate, Diagnosis, NOISE_FLOOR_MULTIPLIER, PRECISION_MODELS, _Facts,
-    _host, _pct, _working_format)
+    Candidate, Diagnosis, NOISE_FLOOR_MULTIPLIER, PORT_MODELS,
+    PRECISION_MODELS, _Facts, _host, _pct, _working_format)
+from peat_jax.detector._outliers import _rule_dense_faults, _rule_outliers
+from peat_jax.detector._ports import _probe, _rule_port, port_verdict
 from peat_jax.detector._rules import (
     _rule_edge, _rule_ftz, _rule_indexing, _rule_lane, _rule_nonfinite,
     _rule_saturation_clip, _rule_scale, _rule_sparse, _rule_stuck, _rule_tile,
@@ -57,6 +59,8 @@ def _record_verdict(model: str, f: _Facts) -> str:
     return "warn"
   if base in PRECISION_MODELS:
     return "warn"
+  if base in PORT_MODELS:
+    return port_verdict(f)
   return "fail"
 
 
@@ -106,24 +110,110 @@ def detect(sig, *, repeat=None, dtype=None,
     cands.append(Candidate(
         "exact", 0.9, f"values equal; {f.ndiff} elements differ only in the "
         "sign of zero", {"signed_zeros": f.ndiff}))
-  for rule in _RULES:
-    if cands and cands[0].model == "exact":
-      break
-    if rule is _rule_rounding and cands:
-      break  # a structural fault explains it; noise levels would only blur
-    cands.extend(rule(f))
+  if not (cands and cands[0].model == "exact"):
+    if f.dec:
+      return _decomposed(f, cands)
+    for rule in _RULES:
+      if rule is _rule_rounding and cands:
+        break  # a structural fault explains it; noise levels would only blur
+      cands.extend(rule(f))
   if not cands:
-    floor = (f", {f.noise_ratio:.3g}x the golden noise floor"
-             if f.has_ref else "")
-    cands.append(Candidate(
-        "unknown", 0.5,
-        f"{f.ndiff} elements ({_pct(f.share)}) differ, median relative "
-        f"error {f.rel_med:.3g}, max {f.rel_max:.3g}{floor}; no error model "
-        "explains it", {}))
+    cands.append(_unknown(f))
   cands.sort(key=lambda c: -c.confidence)
   top = cands[0]
   return Diagnosis(top.model, top.confidence, top.evidence, top.params,
                    tuple(cands), _record_verdict(top.model, f))
+
+
+def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
+  """Primary and secondary causes from the noise-aware decomposition.
+
+  Faults that move every element (scale, shift, transpose, permutation)
+  explain the whole; otherwise faults confined to the outliers are the
+  primary cause and the dense rules (rounding, port mismatches) read the
+  rest: their model is the secondary cause, or the primary one when
+  nothing is beyond the envelope.
+  """
+  probed = _probe(f)
+  rebased = f.context["port"].get("signature") if probed else None
+  if rebased is not None:
+    # The probe's hypothesis (another constant, form or input precision)
+    # explains the dense part: the faults are what it leaves.
+    port = f.context["port"]
+    fh = _Facts(_host(rebased), f.work,
+                {k: v for k, v in f.context.items() if k != "port"})
+    found = _rule_dense_faults(fh) or _rule_outliers(fh)
+    faults = list(cands) + [c._replace(evidence=(
+        f"{c.evidence} (against the KUT's own {port['name']} variant, "
+        f"which explains the rest)")) for c in found]
+    dense = probed
+  else:
+    wholes = _rule_dense_faults(f)
+    faults = list(cands) + wholes
+    whole = bool(wholes)
+    if not whole:
+      faults += _rule_outliers(f)
+    if not faults:
+      # A stuck low bit may stay inside the rounding envelope, but every
+      # differing element differing in that one bit, one way, is an exact
+      # trace that no summation order leaves.
+      faults += _rule_stuck(f)
+    dense = []
+    rest = f.ndiff - (f.n_out if faults else 0)
+    if not whole and rest > 0:
+      dense = _rule_port(f) + _rule_rounding(f)
+  faults.sort(key=lambda c: -c.confidence)
+  dense.sort(key=lambda c: -c.confidence)
+  if faults:
+    top, second = faults[0], (dense[0] if dense else None)
+    if second is not None and second.model == top.model:
+      second = None
+  elif dense and dense[0].model == "reordering" and f.n_out:
+    # Outliers beyond the KUT's own noise that no fault rule explains: the
+    # rest is rounding, the outliers are unexplained.
+    top, second = _unknown(f), dense[0]
+  elif dense:
+    top, second = dense[0], None
+  else:
+    top, second = _unknown(f), None
+  verdict = _record_verdict(top.model, f)
+  if second is not None and _worse(_record_verdict(second.model, f), verdict):
+    verdict = _record_verdict(second.model, f)
+  return Diagnosis(top.model, top.confidence, top.evidence, top.params,
+                   tuple(faults + dense) or (top,), verdict, second)
+
+
+def _worse(a: str, b: str) -> bool:
+  order = {"pass": 0, "warn": 1, "fail": 2}
+  return order[a] > order[b]
+
+
+def _unknown(f: _Facts) -> Candidate:
+  """No model explains it: say what was seen, in numbers."""
+  s = f.s
+  floor = (f", {f.noise_ratio:.3g}x the golden noise floor"
+           if f.has_ref else "")
+  seen = [f"{f.ndiff} elements ({_pct(f.share)}) differ, median relative "
+          f"error {f.rel_med:.3g}, max {f.rel_max:.3g}{floor}"]
+  if f.dec:
+    seen.append(f"{f.n_beyond} beyond the rounding envelope, {f.n_out} "
+                "outliers beyond the KUT's own noise")
+    if f.has_ref:
+      up, dn = float(s["ref_test_grown"]), float(s["ref_test_shrunk"])
+      if up + dn > 0 and min(up, dn) <= 0.05 * (up + dn):
+        seen.append("one-sided " + ("shrink" if dn > up else "growth")
+                    + " against the float64 reference")
+    err = np.asarray(s["row_err"], np.float64)
+    res = np.asarray(s["row_resid"], np.float64)
+    if np.sum(err > 0) >= 2:
+      share = float(np.median(res[err > 0] / err[err > 0]))
+      if share <= 0.3:
+        seen.append("constant per row (a per-row scale fits)")
+    r2 = float(s["value_r2"])
+    if np.isfinite(r2) and r2 >= 0.3:
+      seen.append(f"{r2:.0%} of the error is a function of the value")
+  return Candidate("unknown", 0.5, "; ".join(seen) + "; no error model "
+                   "explains it", {})
 
 
 def detect_batch(sig, *, dtype=None,

@@ -25,6 +25,10 @@ FORMAT_MAX = {k: _core.FORMATS[k].max
 #: Error models after which a kernel under test fails / only warns.
 FAULT_MODELS = ("nan", "saturation", "bitflip", "stuck_at", "random_value",
                 "zero", "lane", "indexing", "scale", "unknown")
+#: Port mismatches: another constant or closed form of the same kernel.
+#: They warn while their error stays within bf16's unit roundoff (what
+#: training in bf16 tolerates, docs/detector.md), and fail beyond it.
+PORT_MODELS = ("parameter", "approximation")
 PRECISION_MODELS = ("precision", "accumulation", "truncation", "ftz",
                     "nondeterminism")
 #: torch.compile's fp64 check: the KUT's RMS error against the float64
@@ -59,13 +63,22 @@ class Candidate(NamedTuple):
 class Diagnosis(NamedTuple):
   """The Detector's answer for one signature.
 
+  A real port's fault rides on its own benign error, so a diagnosis may
+  name two causes: the primary one (``model``, the worst: the fault) and a
+  secondary one (``secondary``, e.g. the port's ``reordering`` under an
+  ``indexing`` bug in its last tile, or ``precision:tf32`` under three bit
+  flips), each with its evidence and parameters (``params["covers"]``: the
+  elements a cause explains, where known).
+
   Attributes:
-    model: the top-ranked error model.
+    model: the primary (top-ranked, worst) error model.
     confidence: its confidence.
     evidence: its evidence sentence.
     params: its inferred parameters.
     candidates: every model whose rule held, best first.
-    verdict: ``pass``, ``warn`` or ``fail`` for this one record.
+    verdict: ``pass``, ``warn`` or ``fail`` for this one record: that of
+      the worst cause.
+    secondary: the second cause (a :class:`Candidate`), or None.
   """
 
   model: str
@@ -74,6 +87,7 @@ class Diagnosis(NamedTuple):
   params: Mapping[str, Any]
   candidates: tuple[Candidate, ...]
   verdict: str
+  secondary: Candidate | None = None
 
 
 def _host(sig) -> dict[str, np.ndarray]:
@@ -134,6 +148,17 @@ class _Facts:
     self.noise_ratio = float(s["noise_ratio"]) if self.has_ref else math.nan
     self.larger = int(s["n_mag_larger"])
     self.smaller = int(s["n_mag_smaller"])
+    # The noise-aware decomposition (analyzer._decompose), when computed.
+    self.dec = bool(s.get("decomposed", False))
+    if self.dec:
+      self.n_out = int(s["n_out"])
+      self.n_beyond = int(s["n_beyond"])
+      self.out_share = self.n_out / max(self.n, 1)
+      self.beyond_share = self.n_beyond / max(self.n, 1)
+      self.theta = float(s["env_theta"])
+      self.theta_g = float(s["env_theta_golden"])
+      self.zmed_t = float(s["z_med_test"])
+      self.zmed_g = float(s["z_med_golden"])
 
   def field_of_bit(self, k: int) -> str:
     if k == self.nbits - 1:

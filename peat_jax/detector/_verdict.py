@@ -10,7 +10,7 @@ import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from peat_jax.core import PeatError
-from peat_jax.detector._facts import Diagnosis
+from peat_jax.detector._facts import Candidate, Diagnosis
 
 #: The verdicts, mildest first.
 VERDICTS = ("pass", "warn", "fail")
@@ -35,6 +35,25 @@ def severity(v: str) -> int:
 def worst(verdicts: Iterable[str], default: str = "pass") -> str:
   """The most severe of ``verdicts`` (``default`` when there is none)."""
   return max(verdicts, key=severity, default=default)
+
+
+#: Thresholds of ``--fail_on`` / ``fail_on=``: the verdict that fails a run.
+FAIL_ON = ("fail", "warn", "never")
+
+
+def reaches(v: str, fail_on: str) -> bool:
+  """Whether verdict ``v`` reaches the threshold ``fail_on``.
+
+  ``fail_on="fail"``: only ``fail``; ``"warn"``: ``warn`` or ``fail``;
+  ``"never"``: nothing (CI exit status 1 when it is reached).
+
+  Raises:
+    PeatError: an unknown verdict or threshold.
+  """
+  if fail_on not in FAIL_ON:
+    raise PeatError(f"fail_on must be one of {', '.join(FAIL_ON)}; got "
+                    f"{fail_on!r}")
+  return fail_on != "never" and severity(v) >= severity(fail_on)
 
 
 class Verdict(NamedTuple):
@@ -89,19 +108,40 @@ def verdict(diagnoses: Mapping[Any, Diagnosis] | Sequence[Diagnosis]
   return Verdict(top, deciding, models, summary)
 
 
+def diagnosis_record(diag: Diagnosis) -> dict:
+  """The msgpack-ready form of a Diagnosis stored in a site record.
+
+  Returns:
+    ``{"model", "confidence", "evidence", "verdict"}`` and, when the
+    diagnosis has one, ``"secondary": {"model", "confidence",
+    "evidence"}``.
+  """
+  out = {"model": diag.model, "confidence": float(diag.confidence),
+         "evidence": diag.evidence, "verdict": diag.verdict}
+  if diag.secondary is not None:
+    out["secondary"] = {"model": diag.secondary.model,
+                        "confidence": float(diag.secondary.confidence),
+                        "evidence": diag.secondary.evidence}
+  return out
+
+
 def diagnosis_of(record: Mapping[str, Any]) -> Diagnosis:
   """Rebuilds a Diagnosis (without candidates) from a stored site record.
 
   Args:
     record: a site record (``{"diagnosis": {"model", "confidence",
-      "evidence", "verdict"}, ...}``, docs/campaign.md).
+      "evidence", "verdict", "secondary"?}, ...}``, docs/campaign.md;
+      records written before secondary causes have none).
 
   Returns:
     The :class:`Diagnosis` (``params`` empty, no candidates).
   """
   d = record["diagnosis"]
+  sec = d.get("secondary")
+  second = (Candidate(sec["model"], sec["confidence"], sec["evidence"], {})
+            if sec else None)
   return Diagnosis(d["model"], d["confidence"], d["evidence"], {}, (),
-                   d["verdict"])
+                   d["verdict"], second)
 
 
 def localize(records: Sequence[Mapping[str, Any]],

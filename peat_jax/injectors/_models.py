@@ -514,6 +514,46 @@ def _exact(key, x):
   return x
 
 
+def _parameter(key, x, *, delta):
+  """Each row scaled by ``1 + delta * ms / ms_row``: the effect of a
+  normalization constant (an epsilon added to a row's mean square ``ms_row``
+  moves the row by about ``-eps / (2 ms_row)``) on rows of different size,
+  ``ms`` the mean over rows."""
+  del key
+  w = x.astype(fm.working_dtype(x.dtype))
+  cols = x.shape[-1] if x.ndim else 1
+  w2 = w.reshape(-1, cols)
+  ms = jnp.mean(jnp.square(jnp.where(jnp.isfinite(w2), w2, 0.0)), axis=-1,
+                keepdims=True)
+  tiny = jnp.finfo(w.dtype).tiny
+  rel = jnp.mean(ms) / jnp.maximum(ms, tiny)
+  factor = 1.0 + delta * jnp.clip(rel, 0.0, 100.0)
+  return (w2 * factor).reshape(x.shape).astype(x.dtype)
+
+
+#: Peak of s (1 - s) (1 - 2 s) on [0, 1]: sqrt(3) / 18.
+_APPROX_PEAK = math.sqrt(3.0) / 18.0
+
+
+def _approximation(key, x, *, rel):
+  """``x (1 + rel w(s))`` with ``s`` the significand's fraction in
+  ``[0, 1)`` and ``w(s) = s (1 - s) (1 - 2 s) / peak``: a bounded relative
+  error that is a smooth function of the value, periodic in its octave (a
+  polynomial evaluated on the significand, as fast exp, reciprocal and
+  rsqrt are). Bitwise the same under jit and eagerly."""
+  del key
+  w = x.astype(fm.working_dtype(x.dtype))
+  mant, _ = jnp.frexp(w)
+  sfrac = 2.0 * jnp.abs(mant) - 1.0
+  # The barriers keep XLA from reassociating the products or contracting
+  # ``err`` and ``1 + err`` into a fused multiply-add under jit, which would
+  # round differently from the eager path.
+  poly = lax.optimization_barrier(sfrac * (1.0 - sfrac) * (1.0 - 2.0 * sfrac))
+  err = lax.optimization_barrier((rel / _APPROX_PEAK) * poly)
+  ok = jnp.isfinite(w) & (w != 0)
+  return jnp.where(ok, w * (1.0 + err), w).astype(x.dtype)
+
+
 _NOISE_SPEC = {
     "share": pp.real(0.0, 1.0, lo_open=True, default=0.25,
                      doc="probability that an element moves"),
@@ -596,6 +636,18 @@ def _build_registry() -> dict[str, Model]:
                               doc="clip to the format's max before "
                               "rounding (a saturating conversion)"),
     }, _precision(f), _no_check, f"round to nearest {f}")
+  add("parameter", {
+      "delta": pp.real(-0.5, 0.5, default=1e-3,
+                       doc="relative change of a row of mean size"),
+  }, _parameter, _no_check,
+      "scale each row by its own factor, larger on small rows (the "
+      "output pattern of another normalization constant)")
+  add("approximation", {
+      "rel": pp.real(0.0, 0.1, lo_open=True, default=1e-3,
+                     doc="largest relative error"),
+  }, _approximation, _no_check,
+      "a smooth, bounded relative error that is a function of the value "
+      "(the output pattern of another closed form)")
   add("reordering", _NOISE_SPEC, _rounding_noise, _no_check,
       "tensor form: +-1 ulp noise on a share of the elements")
   add("nondeterminism", _NOISE_SPEC, _rounding_noise, _no_check,

@@ -4,9 +4,12 @@ Modules: ``kut`` (KUT specs -> substitutions and callables), ``native``
 (the native kernels and their variants: XLA FFI custom calls, C++ for CPU,
 CUDA and HIP for GPUs, sources in ``csrc/``), ``checks`` (float64
 references, tolerances and seeded inputs for checks of native variants),
-``_ffi`` (every ``ffi_call`` of peat_jax, in one module) and ``_variants``
-(the variants' names, codes and expected error models). BUILD.md says how
-the native libraries are built.
+``_ffi`` (every ``ffi_call`` of peat_jax, in one module), ``_variants``
+(the variants' names, codes and expected error models), ``_user`` (the
+user's own KUT specs: ``py:``, ``ffi:``, ``torch:<module>:<function>``) and
+``_user_ffi`` (the site adapters of ``ffi:`` KUTs: the FFI calling
+convention of each site kernel, docs/kernels.md). BUILD.md says how the
+native libraries are built.
 """
 
 from peat_jax.kernels._ffi import SIGNATURE_FLAG_SLOTS as SIGNATURE_FLAG_SLOTS
@@ -21,3 +24,8 @@ from peat_jax.kernels.kut import known_specs as known_specs
 from peat_jax.kernels.kut import parse_kut as parse_kut
 from peat_jax.kernels.kut import register_kut as register_kut
 from peat_jax.kernels.kut import resolve_kut as resolve_kut
+from peat_jax.kernels.kut import register_source as register_source
+from peat_jax.kernels.kut import as_spec as as_spec
+from peat_jax.kernels._user import ADAPTED_KERNELS as ADAPTED_KERNELS
+from peat_jax.kernels._user import CONVENTIONS as CONVENTIONS
+from peat_jax.kernels._user import check_preferred as check_preferred

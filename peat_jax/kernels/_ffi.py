@@ -1,7 +1,8 @@
-"""Every XLA FFI call of peat_jax's native kernels, and their registration.
+"""Every XLA FFI call of peat_jax, and the registration of its targets.
 
 This is the one module that touches ``jax.ffi``: loading the shared
-libraries, registering the handler symbols as FFI targets, and the
+libraries (peat_jax's native kernels, and a user's own library named by an
+``ffi:`` KUT spec), registering the handler symbols as FFI targets, and the
 ``ffi_call`` of each forward and backward target. Callers (``native.py``)
 validate inputs first; functions here assume valid shapes and dtypes.
 
@@ -21,6 +22,7 @@ import ctypes
 import importlib.resources
 import os
 import threading
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -289,3 +291,64 @@ def signature_pass(t: jax.Array, g: jax.Array, ref_hi: jax.Array | None,
                             vmap_method="sequential")(t, g)
   return jax.ffi.ffi_call("peat_signature_ref", outs,
                           vmap_method="sequential")(t, g, ref_hi, ref_lo)
+
+
+# ------------------------------------------------- a user's own library
+
+_user_libraries: dict[str, tuple[ctypes.CDLL, dict[str, str]]] = {}
+
+
+def load_user_library(path: str, symbols, platform: str | None = None
+                      ) -> dict[str, str]:
+  """Loads a user's XLA FFI library and registers handler symbols as targets.
+
+  Each symbol (a handler defined with ``XLA_FFI_DEFINE_HANDLER_SYMBOL``) is
+  registered once per process under a target name unique to the library's
+  path, so two libraries may use the same symbol names.
+
+  Args:
+    path: absolute path of the shared library.
+    symbols: handler symbol names in it.
+    platform: FFI platform; default: the one jax runs on.
+
+  Returns:
+    ``{symbol: target name}`` of the registered symbols.
+
+  Raises:
+    PeatError: the library cannot be loaded or lacks a symbol.
+  """
+  platform = platform or jax_platform()
+  with _lock:
+    lib, targets = _user_libraries.get(path, (None, {}))
+    if lib is None:
+      try:
+        lib = ctypes.cdll.LoadLibrary(path)
+      except OSError as err:
+        raise PeatError(
+            f"ffi KUT: cannot load {path} ({err}); expected a shared "
+            "library built for this machine with -shared -fPIC against "
+            "jax.ffi.include_dir() (docs/kernels.md)") from err
+    for symbol in symbols:
+      if symbol in targets:
+        continue
+      if not hasattr(lib, symbol):
+        raise PeatError(
+            f"ffi KUT: {path} has no symbol {symbol!r}; expected a handler "
+            f"defined with XLA_FFI_DEFINE_HANDLER_SYMBOL({symbol}, ...) and "
+            f"exported (list them with `nm -D --defined-only {path}`)")
+      digest = zlib.crc32(path.encode()) & 0xFFFFFFFF
+      target = f"peat_user_{digest:08x}_{symbol}"
+      jax.ffi.register_ffi_target(
+          target, jax.ffi.pycapsule(getattr(lib, symbol)), platform=platform)
+      targets[symbol] = target
+    _user_libraries[path] = (lib, targets)
+    return {s: targets[s] for s in symbols}
+
+
+def user_call(target: str, result_shapes, *args, **attrs):
+  """``ffi_call`` of a user's target (see :func:`load_user_library`).
+
+  ``vmap_method="sequential"``: the user's handler need not know batching.
+  """
+  return jax.ffi.ffi_call(target, result_shapes,
+                          vmap_method="sequential")(*args, **attrs)

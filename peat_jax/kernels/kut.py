@@ -10,8 +10,24 @@ A *KUT spec* names a kernel under test and where it runs in a training step:
 | ``native:softmax:<variant>`` | composite ``softmax`` sites (forward) | native softmax |
 | ``native:layer_norm:<variant>`` | composite ``layer_norm`` sites (forward) | native layer norm (``eps`` passed through) |
 
-Backward sites keep the golden kernel (``Substitution.backward="golden"``).
-Variants are those of :func:`peat_jax.kernels.native.variants`; a spec may
+The user's own kernels (:mod:`peat_jax.kernels._user`, docs/kernels.md),
+each with the site kernel it replaces (``kernel=``; the parsed spec ends
+with ``@<kernel>``):
+
+| spec | KUT |
+| --- | --- |
+| ``py:<module>:<function>`` | a JAX callable with the site kernel's KUT signature |
+| ``ffi:<library.so>:<forward>[:<backward>]`` | the user's XLA FFI handlers, by the kernel's FFI calling convention |
+| ``torch:<module>:<function>`` | a torch function through the PyTorch bridge |
+
+``golden@<kernel>`` runs the golden kernel at the sites of another kernel.
+
+Backward sites keep the golden kernel (``backward="golden"``, the default:
+the forward-only question); with ``backward="kut"`` the KUT's VJP runs at
+the backward sites of the selected forward sites (docs/kernels.md: for a
+native kernel, its backward FFI target; for a torch KUT, torch autograd
+through the bridge; for a registered KUT, its own ``custom_vjp`` or JAX's
+autodiff of it). Variants are those of :func:`peat_jax.kernels.native.variants`; a spec may
 end with ``@<tile>`` to set the native kernel's tile
 (``native:matmul:tile_edge_bug@24``).
 
@@ -37,10 +53,13 @@ import numpy as np
 from peat_jax.core import PeatError
 from peat_jax.sites import GOLDEN
 from peat_jax.sites import Substitution
+from peat_jax.kernels import _user
 from peat_jax.kernels import _variants
 
-__all__ = ["KutSpec", "as_spec", "broken_adapter", "dot_general_adapter",
-           "conv_adapter", "is_broken", "known_specs", "parse_kut",
+__all__ = ["BACKWARD", "KutSpec", "as_spec", "batched_matmul_layout",
+           "broken_adapter", "check_backward", "dot_general_adapter",
+           "register_source", "conv_adapter", "is_broken", "known_specs",
+           "parse_kut",
            "register_kut", "resolve_kut"]
 
 # native kernel -> (site kernel name, phase)
@@ -63,6 +82,9 @@ class KutSpec(NamedTuple):
     variant: the native variant (``"default"`` for golden).
     tile: the native tile, or None for the kernel's default.
     site_kernel: kernel name of the sites it replaces.
+    parts: the user's code (sources ``py``, ``ffi``, ``torch``):
+      ``(module, function)``, or ``(library path, forward symbol,
+      backward symbol or None)``; empty otherwise.
   """
 
   spec: str
@@ -71,6 +93,7 @@ class KutSpec(NamedTuple):
   variant: str
   tile: int | None
   site_kernel: str
+  parts: tuple = ()
 
 
 # name -> (callable, site kernel); see register_kut.
@@ -91,11 +114,27 @@ def register_kut(name: str, kut: Callable, *, kernel: str) -> None:
   Raises:
     PeatError: a reserved name.
   """
-  if name == "golden" or name.startswith("native:") or "@" in name:
+  if (name == "golden" or name.startswith(("native:", "py:", "ffi:"))
+      or "@" in name or (name.startswith("torch:") and name.count(":") > 1)):
     raise PeatError(f"KUT name {name!r} is reserved; expected a name that is "
-                    "not 'golden', has no '@' and does not start with "
-                    "'native:'")
+                    "not 'golden', has no '@', does not start with "
+                    "'native:', 'py:' or 'ffi:' and is not "
+                    "'torch:<module>:<function>'")
   _CUSTOM[name] = (kut, kernel)
+
+
+def register_source(source: str, resolver: Callable[[KutSpec], Callable]
+                    ) -> None:
+  """Registers how the KUTs of a user source are built from their spec.
+
+  The PyTorch bridge registers ``"torch"`` (``torch:<module>:<function>``
+  specs) when it is imported.
+
+  Args:
+    source: a user source of :class:`KutSpec` (``"torch"``).
+    resolver: ``KutSpec -> KUT`` with the site kernel's signature.
+  """
+  _user.register_resolver(source, resolver)
 
 
 def known_specs() -> list[str]:
@@ -108,30 +147,60 @@ def known_specs() -> list[str]:
 
 def _unknown(spec: str, why: str) -> PeatError:
   return PeatError(
-      f"unknown KUT spec {spec!r} ({why}); expected 'golden' or "
+      f"unknown KUT spec {spec!r} ({why}); expected 'golden', "
       f"'native:<kernel>:<variant>[@tile]' with kernel one of "
-      f"{', '.join(_SITE_KERNEL)}; known specs: {', '.join(known_specs())}")
+      f"{', '.join(_SITE_KERNEL)}, or your own 'py:<module>:<function>', "
+      "'ffi:<library.so>:<forward>[:<backward>]', "
+      "'torch:<module>:<function>' with a kernel; known specs: "
+      f"{', '.join(known_specs())}")
 
 
-def parse_kut(spec: str) -> KutSpec:
+def parse_kut(spec: str, kernel: str | None = None) -> KutSpec:
   """Parses a KUT spec string.
 
   Args:
     spec: e.g. ``"golden"``, ``"native:matmul:acc_bf16"``,
-      ``"native:matmul:tile_edge_bug@24"``.
+      ``"native:matmul:tile_edge_bug@24"``, ``"py:my_kernels:softmax"``
+      (with ``kernel``), ``"ffi:./libmine.so:MineMatmul:MineMatmulBwd"``.
+    kernel: the site kernel a user spec (``py:``, ``ffi:``,
+      ``torch:<module>:<function>``) or ``golden`` replaces, e.g.
+      ``"softmax"``; for other specs None or their own site kernel.
 
   Returns:
-    A :class:`KutSpec`.
+    A :class:`KutSpec`. User specs get ``@<kernel>`` appended to ``spec``
+    (their records' key names the kernel).
 
   Raises:
     PeatError: unknown source, kernel, variant or a bad tile, listing the
-      known specs.
+      known specs; for user specs a missing kernel, module, function,
+      library or symbol.
   """
   if not isinstance(spec, str):
     raise PeatError(f"KUT spec must be a string, got {type(spec).__name__}")
-  if spec == "golden":
-    return KutSpec(spec, "golden", "dot_general", "default", None,
-                   "dot_general")
+  if kernel is not None and (not isinstance(kernel, str) or not kernel):
+    raise PeatError(f"kernel must be a site kernel name such as "
+                    f"'dot_general' or 'softmax'; got {kernel!r}")
+  if _user.is_user_spec(spec):
+    canonical, source, site_kernel, parts = _user.parse(spec, kernel)
+    return KutSpec(canonical, source, site_kernel, "default", None,
+                   site_kernel, parts)
+  if spec == "golden" or spec.startswith("golden@"):
+    site_kernel = spec.partition("@")[2] or kernel or "dot_general"
+    if kernel and site_kernel != kernel:
+      raise _unknown(spec, f"it names kernel {site_kernel!r}, kernel= "
+                     f"{kernel!r}")
+    name = "golden" if site_kernel == "dot_general" else f"golden@{site_kernel}"
+    return KutSpec(name, "golden", site_kernel, "default", None, site_kernel)
+  parsed = _parse_builtin(spec)
+  if kernel is not None and kernel != parsed.site_kernel:
+    raise PeatError(f"KUT spec {spec!r} replaces {parsed.site_kernel!r} "
+                    f"sites; kernel={kernel!r} does not match. Fix: drop "
+                    "--kernel, or give the spec of a KUT of that kernel")
+  return parsed
+
+
+def _parse_builtin(spec: str) -> KutSpec:
+  """A registered or native spec (parse_kut without kernel)."""
   if spec in _CUSTOM:
     return KutSpec(spec, "custom", spec, "default", None, _CUSTOM[spec][1])
   body, _, tile_s = spec.partition("@")
@@ -164,17 +233,27 @@ def parse_kut(spec: str) -> KutSpec:
   return KutSpec(spec, "native", kernel, variant, tile, _SITE_KERNEL[kernel])
 
 
-def as_spec(spec: "str | KutSpec") -> KutSpec:
+def as_spec(spec: "str | KutSpec", kernel: str | None = None) -> KutSpec:
   """A parsed spec: ``spec`` itself when it is a :class:`KutSpec`.
 
   A spec string is parsed once, where it enters peat_jax (``validate``,
   ``playback``, ``runtime``, the tools); everything after it passes the
   :class:`KutSpec` on.
 
+  Args:
+    spec: a spec string or a parsed spec.
+    kernel: as :func:`parse_kut` (for a parsed spec: None or its kernel).
+
   Raises:
     PeatError: as :func:`parse_kut`.
   """
-  return spec if isinstance(spec, KutSpec) else parse_kut(spec)
+  if isinstance(spec, KutSpec):
+    if kernel is not None and kernel != spec.site_kernel:
+      raise PeatError(f"KUT spec {spec.spec!r} replaces "
+                      f"{spec.site_kernel!r} sites; kernel={kernel!r} does "
+                      "not match")
+    return spec
+  return parse_kut(spec) if kernel is None else parse_kut(spec, kernel)
 
 
 # ------------------------------------------------------------- adapters
@@ -215,20 +294,40 @@ def dot_general_adapter(lhs: jax.Array, rhs: jax.Array, *,
     The dot_general result.
   """
   del precision, out_sharding
-  lc, rc, lb, rb, lf, rf = _dg_layout(lhs.shape, rhs.shape, dimension_numbers)
-  size = lambda shape, dims: int(np.prod([shape[d] for d in dims], dtype=np.int64))
-  bshape = tuple(lhs.shape[d] for d in lb)
-  b = size(lhs.shape, lb)
-  m, n, k = size(lhs.shape, lf), size(rhs.shape, rf), size(lhs.shape, lc)
-  a = jnp.transpose(lhs, lb + lf + lc).reshape(b, m, k)
-  w = jnp.transpose(rhs, rb + rc + rf).reshape(b, k, n)
+  lp, rp, (b, m, k, n), out_shape = batched_matmul_layout(
+      lhs.shape, rhs.shape, dimension_numbers)
+  a = jnp.transpose(lhs, lp).reshape(b, m, k)
+  w = jnp.transpose(rhs, rp).reshape(b, k, n)
   from peat_jax.kernels import native  # loads the FFI library on first use
   opts = {} if tile is None else {"tile": tile}
-  out = native.matmul(a, w, variant=variant, **opts)
-  out = out.reshape(bshape + tuple(lhs.shape[d] for d in lf)
-                    + tuple(rhs.shape[d] for d in rf))
+  out = native.matmul(a, w, variant=variant, **opts).reshape(out_shape)
   dtype = preferred_element_type or lhs.dtype
   return out.astype(dtype)
+
+
+def batched_matmul_layout(lhs_shape, rhs_shape, dimension_numbers):
+  """How a ``dot_general`` maps to a batched matmul ``(B, M, K) @ (B, K, N)``.
+
+  Args:
+    lhs_shape: the left operand's shape.
+    rhs_shape: the right operand's shape.
+    dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch,
+      rhs_batch))``.
+
+  Returns:
+    ``(lhs permutation, rhs permutation, (B, M, K, N), result shape)``:
+    ``transpose(lhs, perm).reshape(B, M, K)`` and likewise
+    ``(B, K, N)`` for rhs; the ``(B, M, N)`` product reshaped to the result
+    shape is dot_general's result (batch, lhs free, rhs free dims).
+  """
+  lc, rc, lb, rb, lf, rf = _dg_layout(lhs_shape, rhs_shape, dimension_numbers)
+  size = lambda shape, dims: int(np.prod([shape[d] for d in dims],
+                                         dtype=np.int64))
+  bmkn = (size(lhs_shape, lb), size(lhs_shape, lf), size(lhs_shape, lc),
+          size(rhs_shape, rf))
+  out = (tuple(lhs_shape[d] for d in lb) + tuple(lhs_shape[d] for d in lf)
+         + tuple(rhs_shape[d] for d in rf))
+  return lb + lf + lc, rb + rc + rf, bmkn, out
 
 
 def dot_general_reduction(in_shapes: Sequence[Sequence[int]],
@@ -292,6 +391,34 @@ def _composite_adapter(fn: Callable, variant: str, tile: int | None,
   return kut
 
 
+BACKWARD = ("golden", "kut")
+
+
+def check_backward(backward: str, spec: "str | KutSpec | None" = None) -> str:
+  """Validates a campaign's ``backward`` setting (for a KUT spec).
+
+  Args:
+    backward: ``"golden"`` (the golden kernel at backward sites: the
+      forward-only question) or ``"kut"`` (the KUT's VJP there).
+    spec: the KUT, when known.
+
+  Returns:
+    ``backward``.
+
+  Raises:
+    PeatError: another value, or ``"kut"`` for a deliberately broken KUT
+      (it has no backward).
+  """
+  if backward not in BACKWARD:
+    raise PeatError(f"backward must be 'golden' (the golden kernel at the "
+                    f"backward sites) or 'kut' (the KUT's VJP there); got "
+                    f"{backward!r}")
+  if backward == "kut" and spec is not None and is_broken(spec):
+    raise PeatError(f"KUT {as_spec(spec).spec!r} is deliberately broken and "
+                    "has no backward; run it with backward='golden'")
+  return backward
+
+
 def is_broken(spec: str | KutSpec) -> bool:
   """Whether a spec names a deliberately broken native kernel."""
   s = as_spec(spec)
@@ -342,6 +469,8 @@ def kut_callable(spec: str | KutSpec, site: str = "?") -> Any:
   s = as_spec(spec)
   if s.source == "golden":
     return GOLDEN
+  if s.source in _user.SOURCES:
+    return _user.user_callable(s)
   if s.source == "custom":
     return _CUSTOM[s.spec][0]
   if is_broken(s):
@@ -360,15 +489,19 @@ def kut_callable(spec: str | KutSpec, site: str = "?") -> Any:
 
 def resolve_kut(spec: "str | KutSpec", *, pattern: str | None = None,
                 sites: Sequence[str] | None = None,
-                backward: str = "golden") -> list[Substitution]:
+                backward: str = "golden",
+                kernel: str | None = None) -> list[Substitution]:
   """Turns a KUT spec into the substitutions that run it.
 
   Args:
     spec: a spec string (module docstring; :func:`known_specs`) or a
       parsed :class:`KutSpec`.
+    kernel: the site kernel of a user spec (:func:`parse_kut`).
     pattern: optional ``fnmatch`` glob narrowing the sites.
     sites: optional explicit site names.
-    backward: ``"golden"`` (default) or ``"kut"`` for the backward sites.
+    backward: ``"golden"`` (default) or ``"kut"``: the KUT's VJP at the
+      backward sites of the selected forward sites
+      (:class:`peat_jax.Substitution`).
 
   Returns:
     A list of :class:`peat_jax.Substitution` selecting forward sites of the
@@ -377,7 +510,7 @@ def resolve_kut(spec: "str | KutSpec", *, pattern: str | None = None,
   Raises:
     PeatError: unknown spec.
   """
-  s = as_spec(spec)
+  s = as_spec(spec, kernel)
   return [Substitution(kut_callable(s), kernel=s.site_kernel, phase="fwd",
                        pattern=pattern,
                        sites=None if sites is None else tuple(sites),
@@ -385,7 +518,7 @@ def resolve_kut(spec: "str | KutSpec", *, pattern: str | None = None,
 
 
 def recording(kut: Any, site: str, kernel: str, composite: bool,
-              store: dict) -> Callable:
+              store: dict, *, vjp: bool = False) -> Callable:
   """Wraps a KUT so each trace records the site's call parameters.
 
   ``store[site]`` gets the primitive's params (primitives) or the call
@@ -393,6 +526,11 @@ def recording(kut: Any, site: str, kernel: str, composite: bool,
   :func:`reference_fn` turns into a float64 reference. ``GOLDEN`` is wrapped
   in the golden primitive / a pass-through for composites is not possible,
   so golden KUTs are recorded with the lax function of the kernel.
+
+  ``vjp=True`` marks a composite's backward site: the template (of the
+  forward call the KUT's VJP runs at) gets ``"vjp": True``, and the site's
+  reference is the VJP of the float64 reference
+  (:func:`peat_jax.analyzer.reference_vjp_fn`).
   """
   def wrapped(*args, **kwargs):
     if composite:
@@ -400,6 +538,8 @@ def recording(kut: Any, site: str, kernel: str, composite: bool,
       is_array = tuple(isinstance(x, (jax.Array, np.ndarray)) for x in leaves)
       store[site] = {"template": (treedef, tuple(
           None if a else x for x, a in zip(leaves, is_array)), is_array)}
+      if vjp:
+        store[site]["vjp"] = True
     else:
       store[site] = dict(kwargs)
     if kut == GOLDEN:

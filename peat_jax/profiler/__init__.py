@@ -24,7 +24,10 @@ a training flow and collects model states. Private modules:
 * ``_scaleout``, ``_data_parallel``: playback over devices and hosts,
   runtime FI of data-parallel training;
 * ``_campaign``, ``_campaign_report``: ``validate`` (the whole pipeline)
-  and rebuilding a report from a campaign directory.
+  and rebuilding a report from a campaign directory;
+* ``_results``: ``read_campaign``, a campaign's results as typed data;
+* ``_nnx_task``: ``nnx_task``, a TrainTask from an nnx model, an Optax
+  transformation, a loss and ``batch_at``.
 """
 
 from peat_jax.profiler._campaign import CampaignPaths as CampaignPaths
@@ -99,4 +102,16 @@ from peat_jax.profiler._scaleout import sharded_playback as sharded_playback
 from peat_jax.profiler._site_records import site_record as site_record
 from peat_jax.profiler._train_state import TrainState as TrainState
 from peat_jax.profiler._train_state import TrainTask as TrainTask
+from peat_jax.profiler._campaign_report import CampaignFiles as CampaignFiles
+from peat_jax.profiler._campaign_report import read_campaign_files as read_campaign_files
+from peat_jax.profiler._nnx_task import nnx_step_fn as nnx_step_fn
+from peat_jax.profiler._nnx_task import nnx_task as nnx_task
+from peat_jax.profiler._results import CampaignResults as CampaignResults
+from peat_jax.profiler._results import CampaignVerdict as CampaignVerdict
+from peat_jax.profiler._results import EffectRecord as EffectRecord
+from peat_jax.profiler._results import Finding as Finding
+from peat_jax.profiler._results import Provenance as Provenance
+from peat_jax.profiler._results import RuntimeRun as RuntimeRun
+from peat_jax.profiler._results import SiteRecord as SiteRecord
+from peat_jax.profiler._results import read_campaign as read_campaign
 from peat_jax.profiler._weights import distances as weight_distances

@@ -44,6 +44,8 @@ LOCK_FILE = _layout.LOCK_FILE
 #: campaign.json ("format"); a directory of another version is refused.
 #: 2: checksummed record frames, crashes.msgpack.
 CAMPAIGN_FORMAT = 2
+#: Settings newer than format 2, with the value a campaign without them had.
+_LATER_SETTINGS = {"backward": "golden"}
 
 
 # --------------------------------------------------------------- campaign
@@ -88,6 +90,10 @@ def _check_settings(directory: str, settings: dict) -> None:
       raise PeatError(f"campaign settings file {path} holds a "
                       f"{type(old).__name__}; expected a JSON object. Fix: "
                       "restore it or use another campaign directory.")
+    # Settings added after format 2 began; a campaign that predates one
+    # had its default.
+    for k, default in _LATER_SETTINGS.items():
+      old.setdefault(k, default)
     if old.get("format") != settings["format"]:
       raise PeatError(
           f"campaign directory {directory} was written by another version "
@@ -141,17 +147,18 @@ def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,
                    factory: TaskFactory | None,
                    say: Callable[[str], None]) -> bool:
   """Whether validate runs the KUT in worker processes (see validate)."""
+  native_code = spec.source in ("native", "ffi")  # may crash the process
   if isolate is None:
-    isolate = spec.source == "native" and factory is not None
-    if spec.source == "native" and factory is None:
+    isolate = native_code and factory is not None
+    if native_code and factory is None:
       if _kut.is_broken(spec):
         raise PeatError(
             f"KUT {spec.spec!r} is deliberately broken (it crashes, hangs or "
             "exhausts memory) and needs process isolation, which needs a "
             "peat.TaskFactory instead of a TrainTask (e.g. "
             "TaskFactory('peat_jax.models', 'get_task', {'name': 'cnn'})).")
-      say("[isolation] off: native KUTs run in worker processes when "
-          "validate gets a peat.TaskFactory instead of a TrainTask")
+      say("[isolation] off: native: and ffi: KUTs run in worker processes "
+          "when validate gets a peat.TaskFactory instead of a TrainTask")
   if isolate and factory is None:
     raise PeatError("isolate=True needs a peat.TaskFactory (a picklable "
                     "recipe that rebuilds the task in a worker process) "
@@ -176,8 +183,8 @@ def validate(task: TrainTask | TaskFactory,
              timeout_s: float = _isolate.TIMEOUT_S,
              startup_s: float = _isolate.STARTUP_S,
              memory_limit_mb: int | None = _isolate.MEMORY_LIMIT_MB,
-             progress: Callable[[str], None] | None = print
-             ) -> CampaignPaths:
+             progress: Callable[[str], None] | None = print,
+             backward: str = "golden") -> CampaignPaths:
   """Runs a whole campaign: golden, playback, runtime FI, verdict, report.
 
   With isolation, playback and runtime FI run in worker processes with time
@@ -203,13 +210,20 @@ def validate(task: TrainTask | TaskFactory,
     seed: golden seed.
     scenario: the scenario's label in the report (default ``task.name``).
     isolate: run playback and runtime FI in worker processes. None
-      (default): yes for native KUTs when ``task`` is a TaskFactory.
+      (default): yes for native: and ffi: KUTs when ``task`` is a
+      TaskFactory.
       Deliberately broken KUTs require it.
     timeout_s: isolation: time limit of one checkpoint / frequency.
     startup_s: isolation: extra time of the first checkpoint / frequency of
       each worker (import, tracing, compilation).
     memory_limit_mb: isolation: a worker's resident memory limit.
     progress: called with progress lines (None: silent).
+    backward: ``"golden"`` (default): the golden kernel at the backward
+      sites, the forward-only question. ``"kut"``: the KUT's VJP at the
+      backward sites of the selected forward sites, in playback (each
+      backward site recorded: one signature per cotangent against the
+      golden VJP and a float64 reference VJP) and in runtime FI. Part of
+      the campaign's settings: a directory holds one or the other.
 
   Returns:
     :class:`CampaignPaths`.
@@ -218,12 +232,14 @@ def validate(task: TrainTask | TaskFactory,
     PeatError: a campaign with other settings (or of another peat_jax
       version) in ``campaign_dir``, a campaign running there, an unknown
       spec or frequency, isolation without a TaskFactory, a corrupt record
-      file (:class:`peat_jax.profiler._records.RecordFileError`).
+      file (:class:`peat_jax.profiler._records.RecordFileError`), a bad
+      ``backward``, a backward site the KUT's VJP cannot run at (named).
   """
   say = progress or (lambda s: None)
   directory = os.path.abspath(os.fspath(campaign_dir))
   factory = task if isinstance(task, TaskFactory) else None
   spec = _kut.as_spec(kut_spec)
+  _kut.check_backward(backward, spec)
   kut_spec = spec.spec  # the records' and the report's key
   isolated = _use_isolation(isolate, spec, factory, say)
   if factory is not None:
@@ -241,7 +257,7 @@ def validate(task: TrainTask | TaskFactory,
               "checkpoint_every": checkpoint_every,
               "frequencies": ",".join(frequencies),
               "runtime_steps": runtime_steps, "select": select or "",
-              "seed": seed}
+              "seed": seed, "backward": backward}
   with campaign_lock(directory):
     _check_settings(directory, settings)
     t0 = time.perf_counter()
@@ -255,31 +271,34 @@ def validate(task: TrainTask | TaskFactory,
            f"{memory_limit_mb} MiB)" if isolated else "")
     limits = dict(timeout_s=timeout_s, startup_s=startup_s,
                   memory_limit_mb=memory_limit_mb)
-    say(f"[2/4] playback FI of {kut_spec} at {len(g.steps) - 1} "
+    bwd = (" with its VJP at the backward sites" if backward == "kut"
+           else "")
+    say(f"[2/4] playback FI of {kut_spec}{bwd} at {len(g.steps) - 1} "
         f"checkpoints{iso}")
     if isolated:
       _isolated.isolated_playback(factory, g.workdir, spec,
-                                      campaign_dir=directory, select=select,
-                                      progress=say, **limits)
+                                  campaign_dir=directory, select=select,
+                                  progress=say, backward=backward, **limits)
     else:
       playback(task, g.workdir, spec, campaign_dir=directory,
-                    select=select, progress=say)
+               select=select, progress=say, backward=backward)
     if frequencies:
-      say(f"[3/4] runtime FI: {', '.join(frequencies)}, {runtime_steps} "
-          f"steps{iso}")
+      say(f"[3/4] runtime FI{bwd}: {', '.join(frequencies)}, "
+          f"{runtime_steps} steps{iso}")
       if isolated:
         _isolated.isolated_runtime(
             factory, g.workdir, spec, frequencies=frequencies,
             steps=runtime_steps, campaign_dir=directory, select=select,
-            progress=say, **limits)
+            progress=say, backward=backward, **limits)
       else:
         runtime(task, g.workdir, spec, frequencies=frequencies,
-                     steps=runtime_steps, campaign_dir=directory,
-                     select=select, progress=say)
+                steps=runtime_steps, campaign_dir=directory,
+                select=select, progress=say, backward=backward)
     say("[4/4] verdict and report")
     # The report is built from the records on disk, by the same loader
     # as peat.rebuild_report (peat-report), so the two are the same.
-    data = _campaign_report.load_report_data(directory, kut=kut_spec)
+    data = _campaign_report.load_report_data(directory, kut=kut_spec,
+                                             backward=backward)
     paths = _report.write_report(data, directory)
     say(_report.summary_table(data))
     say(f"report: {paths.html} ({time.perf_counter() - t0:.1f} s)")

@@ -46,10 +46,11 @@ def _order(records: Sequence[dict]) -> list[str]:
   return out
 
 
-def _runtime_runs(records: Sequence[dict], kut: str, settings: dict
+def _runtime_runs(records: Sequence[dict], kut: str, settings: dict,
+                  backward: str = "golden"
                   ) -> tuple[list | None, dict | None]:
   """Runtime runs of a KUT in the report schema (the campaign's group)."""
-  recs = [r for r in records if r.get("kut") == kut]
+  recs = [r for r in records if _records.of_campaign(r, kut, backward)]
   if not recs:
     return None, None
   n = settings.get("runtime_steps", recs[-1]["n"])
@@ -64,25 +65,66 @@ def _runtime_runs(records: Sequence[dict], kut: str, settings: dict
   return result.runs, result.spread
 
 
-def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
-                     source: str = "auto") -> dict:
-  """Builds the report data of a campaign directory from its files.
+class CampaignFiles(NamedTuple):
+  """What a campaign directory holds, read once (the one reader of it).
+
+  Attributes:
+    directory: the campaign directory (absolute).
+    settings: ``campaign.json`` (empty when there is none).
+    run: ``golden/run.json`` (empty when there is none).
+    source: ``"playback"`` or ``"ops"``: which site records.
+    kut: the KUT reported.
+    kuts: every KUT with site records of that source.
+    sites: the KUT's site records, by step.
+    effects: its playback effect records.
+    findings: its crash and hang findings (playback source only).
+    runtime: its runtime runs in the report schema, or None.
+    runtime_spread: the seed-to-seed spread, or None.
+    scenario: the scenario's label.
+    backward: the campaign's backward setting of the records read.
+    provenance: what the records cover (the report's ``provenance``:
+      ``provenance.json`` joined with the records).
+  """
+
+  directory: str
+  settings: dict
+  run: dict
+  source: str
+  kut: str
+  kuts: list
+  sites: list
+  effects: list
+  findings: list
+  runtime: list | None
+  runtime_spread: dict | None
+  scenario: str
+  backward: str
+  provenance: dict
+
+
+def read_campaign_files(directory: str | os.PathLike, *,
+                        kut: str | None = None,
+                        source: str = "auto",
+                        backward: str | None = None) -> CampaignFiles:
+  """Reads a campaign directory's settings and records of one KUT.
 
   Args:
     directory: the campaign directory.
-    kut: the KUT to report (default: ``campaign.json``'s, or the only KUT
+    kut: the KUT to read (default: ``campaign.json``'s, or the only KUT
       in the record file).
     source: ``"playback"`` (``playback.msgpack``), ``"ops"``
-      (``ops.msgpack``, op-level playback) or ``"auto"`` (op-level records
-      when there are some and no playback site record, else playback: a
-      campaign whose every checkpoint crashed reports its findings).
+      (``ops.msgpack``, op-level playback) or ``"auto"`` (playback records
+      when there are any, else op-level ones).
+    backward: the records of which ``backward`` setting (default:
+      ``campaign.json``'s, else ``"kut"`` when the KUT has only such
+      records, else ``"golden"``).
 
   Returns:
-    The report data (:func:`peat_jax.report.report_data`).
+    :class:`CampaignFiles`.
 
   Raises:
     PeatError: a missing directory, an unknown source, no record, several
-      KUTs and no ``kut``.
+      KUTs and no ``kut``, a corrupt file.
   """
   d = os.path.abspath(os.fspath(directory))
   if not os.path.isdir(d):
@@ -93,9 +135,12 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
   run = _read_json(os.path.join(d, _layout.GOLDEN_DIR, _layout.RUN_FILE))
   pb = _records.read_records(os.path.join(d, _records.PLAYBACK_FILE))
   ops = _records.read_records(os.path.join(d, OPS_FILE))
-  if source == "auto":  # op-level records only when playback has none
-    source = ("ops" if not any(r.get("kind") == "site" for r in pb)
-              and any(r.get("kind") == "site" for r in ops) else "playback")
+  if source == "auto":
+    # Op-level records only when there is nothing of playback: no site
+    # record and no crash finding (an isolated KUT that crashed at every
+    # checkpoint has findings and no record).
+    source = ("playback" if any(r.get("kind") == "site" for r in pb)
+              or _isolated.read_findings(d) or not ops else "ops")
   recs = pb if source == "playback" else ops
   sites = [r for r in recs if r.get("kind") == "site"]
   kuts = sorted({r["kut"] for r in sites})
@@ -106,25 +151,66 @@ def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
           f"{d}: expected the records of one KUT in its {source} records, "
           f"found {kuts or 'none'}. Fix: pass the KUT to report (--kut)")
     kut = kuts[0]
-  sites = [r for r in sites if r["kut"] == kut]
-  findings = _isolated.read_findings(d, kut) if source == "playback" else []
+  if backward is None:
+    backward = settings.get("backward")
+  if backward is None:
+    mine = {_records.record_backward(r) for r in sites if r["kut"] == kut}
+    backward = "kut" if mine == {"kut"} else "golden"
+  sites = [r for r in sites if _records.of_campaign(r, kut, backward)]
+  findings = (_isolated.read_findings(d, kut, backward)
+              if source == "playback" else [])
   if not sites and not findings:
     raise PeatError(f"{d} holds no {source} record of KUT {kut!r} (KUTs "
                     f"there: {kuts}); run playback first")
   effects = [r for r in recs if r.get("kind") == "effect"
-             and r.get("kut") == kut]
+             and _records.of_campaign(r, kut, backward)]
   rt, spread = _runtime_runs(
       _records.read_records(os.path.join(d, _records.RUNTIME_FILE)), kut,
-      settings)
+      settings, backward)
   scenario = settings.get("scenario") or run.get("task") or "unknown"
-  shown = {k: v for k, v in settings.items() if k != "task_config"}
-  shown.setdefault("records", f"{source} ({len(sites)} site records)")
   sites.sort(key=lambda r: r["step"])
-  prov = _provenance.provenance(_provenance.read(d), kut, sites, rt)
-  return _report.report_data(kut=kut, scenario=scenario, records=sites,
-                     sites=_order(sites), effects=effects, runtime=rt,
-                     runtime_spread=spread, findings=findings, settings=shown,
-                     provenance=prov)
+  prov = _provenance.provenance(_provenance.read(d), kut, sites, rt,
+                                backward=backward)
+  return CampaignFiles(d, settings, run, source, kut, kuts, sites, effects,
+                       findings, rt, spread, scenario, backward, prov)
+
+
+def report_data_of(files: CampaignFiles) -> dict:
+  """The report data (:func:`peat_jax.report.report_data`) of read files."""
+  shown = {k: v for k, v in files.settings.items() if k != "task_config"}
+  shown.setdefault("backward", files.backward)
+  nb = sum(r.get("phase") == "bwd" for r in files.sites)
+  shown.setdefault("records", f"{files.source} ({len(files.sites)} site "
+                   "records" + (f", {nb} at backward sites" if nb else "")
+                   + ")")
+  title = (f"peat_jax validation: {files.kut} with its VJP at the backward "
+           f"sites on {files.scenario}" if files.backward == "kut" else None)
+  return _report.report_data(
+      kut=files.kut, scenario=files.scenario, records=files.sites,
+      sites=_order(files.sites), effects=files.effects, runtime=files.runtime,
+      runtime_spread=files.runtime_spread, findings=files.findings,
+      settings=shown, title=title, provenance=files.provenance)
+
+
+def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
+                     source: str = "auto",
+                     backward: str | None = None) -> dict:
+  """Builds the report data of a campaign directory from its files.
+
+  Args:
+    directory: the campaign directory.
+    kut: see :func:`read_campaign_files`.
+    source: see :func:`read_campaign_files`.
+    backward: see :func:`read_campaign_files`.
+
+  Returns:
+    The report data (:func:`peat_jax.report.report_data`).
+
+  Raises:
+    PeatError: as :func:`read_campaign_files`.
+  """
+  return report_data_of(read_campaign_files(directory, kut=kut,
+                                            source=source, backward=backward))
 
 
 class Rebuilt(NamedTuple):
@@ -144,13 +230,15 @@ class Rebuilt(NamedTuple):
 
 
 def rebuild_report(directory: str | os.PathLike, *, kut: str | None = None,
-                   source: str = "auto") -> Rebuilt:
+                   source: str = "auto",
+                   backward: str | None = None) -> Rebuilt:
   """Rewrites a campaign's ``report.html`` and ``report.json`` from its files.
 
   Args:
     directory: the campaign directory.
     kut: see :func:`load_report_data`.
     source: see :func:`load_report_data`.
+    backward: see :func:`load_report_data`.
 
   Returns:
     :class:`Rebuilt`.
@@ -158,7 +246,8 @@ def rebuild_report(directory: str | os.PathLike, *, kut: str | None = None,
   Raises:
     PeatError: as :func:`load_report_data`.
   """
-  data: dict[str, Any] = load_report_data(directory, kut=kut, source=source)
+  data: dict[str, Any] = load_report_data(directory, kut=kut, source=source,
+                                          backward=backward)
   paths = _report.write_report(data, os.fspath(directory))
   return Rebuilt(str(paths.html), str(paths.json),
                  data["verdict"]["verdict"], data)

@@ -37,7 +37,6 @@ resumes exactly like one without isolation.
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import select as _select
@@ -50,6 +49,7 @@ import time
 from typing import Any, Iterator, Mapping, NamedTuple
 
 from peat_jax.profiler import _layout
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.profiler._train_state import TrainTask
 
@@ -69,6 +69,9 @@ class TaskFactory(NamedTuple):
   """A picklable recipe for a :class:`peat_jax.TrainTask`.
 
   A worker process calls ``module.function(**kwargs)`` to rebuild the task.
+  The user's own task is ``TaskFactory.from_spec("my_model:task")`` (the
+  tools' ``--task=my_model:task``); its function may return a TrainTask or
+  another TaskFactory.
 
   Attributes:
     module: importable module name, e.g. ``"peat_jax.models"``.
@@ -80,28 +83,40 @@ class TaskFactory(NamedTuple):
   function: str
   kwargs: Mapping[str, Any] | None = None
 
+  @classmethod
+  def from_spec(cls, spec: str) -> "TaskFactory":
+    """``TaskFactory(module, function)`` of a ``<module>:<function>`` spec.
+
+    Raises:
+      PeatError: a spec not of that form.
+    """
+    module, sep, function = str(spec).partition(":")
+    if not sep or not module or not function.isidentifier():
+      raise PeatError(f"task {spec!r}: expected <module>:<function>, e.g. "
+                      "--task=my_model:task for a function task() in "
+                      "my_model.py that returns a peat.TrainTask (or a "
+                      "peat.TaskFactory)")
+    return cls(module, function)
+
   def build(self) -> TrainTask:
     """Imports the module and calls the function.
 
     Returns:
-      The task.
+      The task (a TaskFactory the function returns is built in turn).
 
     Raises:
       PeatError: the module or function does not exist, or the result is
-        not a TrainTask.
+        not a TrainTask or TaskFactory.
     """
-    try:
-      fn = getattr(importlib.import_module(self.module), self.function)
-    except (ImportError, AttributeError) as err:
-      raise PeatError(
-          f"task factory {self.module}.{self.function} cannot be imported "
-          f"({err}); expected an importable module and function, e.g. "
-          "TaskFactory('peat_jax.models', 'get_task', {'name': 'cnn'})"
-      ) from err
+    what = f"task factory {self.module}:{self.function}"
+    fn = _core.user_function(self.module, self.function, what)
     task = fn(**dict(self.kwargs or {}))
+    if isinstance(task, TaskFactory):
+      task = task.build()
     if not isinstance(task, TrainTask):
-      raise PeatError(f"task factory {self.module}.{self.function} returned "
-                      f"{type(task).__name__}; expected a peat.TrainTask")
+      raise PeatError(f"{what} returned {type(task).__name__}; expected a "
+                      "peat.TrainTask or a peat.TaskFactory (peat.nnx_task "
+                      "builds a TrainTask from an nnx model)")
     return task
 
 

@@ -21,7 +21,8 @@ from peat_jax.profiler import _playback
 from peat_jax.profiler import _runtime
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import (
-    RUNTIME_FILE, append_records, read_records, rewrite_records)
+    RUNTIME_FILE, append_records, of_campaign, read_records, record_backward,
+    rewrite_records, tag_backward)
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import _player
 from peat_jax.profiler._isolate import (
@@ -35,7 +36,7 @@ from peat_jax.profiler._isolate import (
 def finding_record(death: Death, kut_spec: str, phase: str, *,
                    step: int | None = None, site: str | None = None,
                    frequency: str | None = None,
-                   note: str = "") -> dict:
+                   note: str = "", backward: str = "golden") -> dict:
   """The record of a crash or hang finding (``crashes.msgpack``).
 
   Args:
@@ -46,23 +47,34 @@ def finding_record(death: Death, kut_spec: str, phase: str, *,
     site: the attributed site, or None.
     frequency: the runtime FI frequency (runtime).
     note: appended to the message.
+    backward: the campaign's ``backward`` setting (stored when ``"kut"``).
 
   Returns:
     ``{"kind", "phase", "kut", "step", "site", "frequency", "signal",
-    "timeout_s", "message"}``.
+    "timeout_s", "message"[, "backward"]}``.
   """
-  return {"kind": death.kind, "phase": phase, "kut": kut_spec,
-          "step": None if step is None else int(step), "site": site,
-          "frequency": frequency, "signal": death.signal,
-          "timeout_s": death.timeout_s, "message": death.message + note}
+  return tag_backward(
+      {"kind": death.kind, "phase": phase, "kut": kut_spec,
+       "step": None if step is None else int(step), "site": site,
+       "frequency": frequency, "signal": death.signal,
+       "timeout_s": death.timeout_s, "message": death.message + note},
+      backward)
 
 
 def read_findings(campaign_dir: str | os.PathLike,
-                  kut_spec: str | None = None) -> list[dict]:
-  """The crash and hang findings of a campaign directory (of one KUT)."""
+                  kut_spec: str | None = None,
+                  backward: str | None = None) -> list[dict]:
+  """The crash and hang findings of a campaign directory (of one KUT).
+
+  Args:
+    campaign_dir: the campaign directory.
+    kut_spec: only this KUT's (None: every KUT's).
+    backward: only those of this ``backward`` setting (None: both).
+  """
   path = os.path.join(os.fspath(campaign_dir), CRASH_FILE)
   return [r for r in read_records(path)
-          if kut_spec is None or r.get("kut") == kut_spec]
+          if (kut_spec is None or r.get("kut") == kut_spec)
+          and (backward is None or record_backward(r) == backward)]
 
 
 def _factory_tuple(factory: TaskFactory) -> tuple:
@@ -88,7 +100,8 @@ def _register_builtin(kut_spec: str) -> None:
 
 
 def play_steps(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, select: Any,
-               steps: Sequence[int]) -> Iterator[tuple]:
+               steps: Sequence[int],
+               backward: str = "golden") -> Iterator[tuple]:
   """Worker job: the records of each step, by a :class:`Player`."""
   _register_builtin(kut_spec.spec)
   task = TaskFactory(*factory).build()
@@ -100,7 +113,7 @@ def play_steps(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, select: Any,
       if player is None:
         player = _player.Player(task, kut_spec, state,
                                   task.batch_at(int(state.data_position)),
-                                  select=select)
+                                  select=select, backward=backward)
         yield ("sites", list(player.site_names))
         player.compile(state)  # everything but the KUT's run: no hang yet
         yield ("warm",)
@@ -109,31 +122,34 @@ def play_steps(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, select: Any,
 
 def _attribute(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, step: int,
                sites: Sequence[str] | None, death: Death, limits: Limits,
-               say: Callable[[str], None]) -> list[dict]:
+               say: Callable[[str], None],
+               backward: str = "golden") -> list[dict]:
   """Findings of a crashed step: one site at a time in fresh workers."""
+  tag = dict(backward=backward)
   if not sites:
     return [finding_record(death, kut_spec.spec, "playback", step=step,
-                           note=" (before the sites were known)")]
+                           note=" (before the sites were known)", **tag)]
   if len(sites) == 1:
     return [finding_record(death, kut_spec.spec, "playback", step=step,
-                           site=sites[0])]
+                           site=sites[0], **tag)]
   out = []
   for name in sites:
     say(f"playback step {step}: {death.kind}; replaying site {name} alone")
     w = Worker(__name__, "play_steps",
                dict(factory=factory, ckpt=ckpt, kut_spec=kut_spec,
-                    select=[name], steps=[step]), limits, what="step")
+                    select=[name], steps=[step], backward=backward), limits,
+               what="step")
     with contextlib.closing(w.events()) as events:
       for _ in events:
         pass
     if w.death is not None:
       out.append(finding_record(w.death, kut_spec.spec, "playback", step=step,
-                                site=name))
+                                site=name, **tag))
   if not out:
     out = [finding_record(
         death, kut_spec.spec, "playback", step=step,
         note=f"; no selected site alone reproduces it (of {len(sites)}: it "
-        "needs several together)")]
+        "needs several together)", **tag)]
   return out
 
 
@@ -145,7 +161,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
                       timeout_s: float = TIMEOUT_S,
                       startup_s: float = STARTUP_S,
                       memory_limit_mb: int | None = MEMORY_LIMIT_MB,
-                      progress: Callable[[str], None] | None = None
+                      progress: Callable[[str], None] | None = None,
+                      backward: str = "golden"
                       ) -> _playback.PlaybackResult:
   """Playback FI (as :func:`peat_jax.playback`) in worker processes.
 
@@ -168,6 +185,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
     startup_s: extra time for a worker's first checkpoint.
     memory_limit_mb: a worker's resident memory limit (None: none).
     progress: called with one line per step.
+    backward: as for :func:`peat_jax.playback`.
 
   Returns:
     The :class:`peat_jax.PlaybackResult` of the steps that completed
@@ -180,20 +198,24 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
   say = progress or (lambda s: None)
   fac = _factory_tuple(factory)
   spec = _kut.as_spec(kut_spec)
+  _kut.check_backward(backward, spec)
   kut_spec = spec.spec  # the records' key
   limits = Limits(timeout_s, startup_s, memory_limit_mb)
   ckpt, path, steps, todo = _playback.playback_plan(golden_dir, kut_spec,
-                                                    campaign_dir, steps)
+                                                    campaign_dir, steps,
+                                                    backward)
   crash_path = os.path.join(os.path.dirname(path), CRASH_FILE)
   hit = {r["step"] for r in read_records(crash_path)
-         if r.get("kut") == kut_spec and r.get("phase") == "playback"}
+         if of_campaign(r, kut_spec, backward)
+         and r.get("phase") == "playback"}
   done_before = [s for s in steps if s not in todo and s not in hit]
   todo = [s for s in todo if s not in hit]
   sites = None
   while todo:
     w = Worker(__name__, "play_steps",
                dict(factory=fac, ckpt=ckpt, kut_spec=spec, select=select,
-                    steps=list(todo)), limits, what="step")
+                    steps=list(todo), backward=backward), limits,
+               what="step")
     t0 = time.perf_counter()
     with contextlib.closing(w.events()) as events:
       for event in events:
@@ -217,7 +239,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
       raise PeatError(f"the playback worker died before playing a step: "
                       f"{w.death.message}")
     say(f"playback step {s}: {w.death.kind} ({w.death.message})")
-    found = _attribute(fac, ckpt, spec, s, sites, w.death, limits, say)
+    found = _attribute(fac, ckpt, spec, s, sites, w.death, limits, say,
+                       backward)
     append_records(crash_path, found)
     say(f"playback step {s}: recorded {len(found)} {w.death.kind} "
         f"finding(s): " + ", ".join(str(f["site"]) for f in found))
@@ -227,7 +250,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
       say(f"playback step {s}: crashed or hung before, skipped")
     elif s in done_before:
       say(f"playback step {s}: done before, skipped")
-  return _playback.playback_result(path, steps, kut_spec, sites)
+  return _playback.playback_result(path, steps, kut_spec, sites,
+                                   backward=backward)
 
 
 # ---------------------------------------------------------------- runtime
@@ -236,7 +260,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
 def run_frequencies(factory: tuple, golden_dir: str, kut_spec: _kut.KutSpec,
                     frequencies: Sequence[str], steps: int, start_step: int,
                     seeds: Sequence[int], select: Any,
-                    tmp_dir: str) -> Iterator[tuple]:
+                    tmp_dir: str, backward: str = "golden") -> Iterator[tuple]:
   """Worker job: runtime FI one frequency at a time into ``tmp_dir``."""
   _register_builtin(kut_spec.spec)
   task = TaskFactory(*factory).build()
@@ -247,7 +271,7 @@ def run_frequencies(factory: tuple, golden_dir: str, kut_spec: _kut.KutSpec,
     lines: list[str] = []
     _runtime.runtime(task, golden_dir, kut_spec, frequencies=[f], steps=steps,
                      start_step=start_step, seeds=seeds, campaign_dir=tmp_dir,
-                     select=select, progress=lines.append)
+                     select=select, progress=lines.append, backward=backward)
     for line in lines:
       yield ("say", line + " (isolated)")
     yield ("done", f, read_records(path)[before:])
@@ -264,7 +288,8 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
                      timeout_s: float = TIMEOUT_S,
                      startup_s: float = STARTUP_S,
                      memory_limit_mb: int | None = MEMORY_LIMIT_MB,
-                     progress: Callable[[str], None] | None = None
+                     progress: Callable[[str], None] | None = None,
+                     backward: str = "golden"
                      ) -> _runtime.RuntimeResult:
   """Runtime FI (as :func:`peat_jax.runtime`) in worker processes.
 
@@ -291,6 +316,7 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
       missing).
     memory_limit_mb: a worker's resident memory limit (None: none).
     progress: called with one line per frequency.
+    backward: as for :func:`peat_jax.runtime`.
 
   Returns:
     A :class:`peat_jax.RuntimeResult` (crashed runs: ``_runtime.runtime_result``).
@@ -300,6 +326,7 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
       hang or out-of-memory.
   """
   spec = _kut.as_spec(kut_spec)
+  _kut.check_backward(backward, spec)
   kut_spec = spec.spec  # the records' key
   say = progress or (lambda s: None)
   fac = _factory_tuple(factory)
@@ -311,7 +338,7 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
   crash_path = os.path.join(campaign_dir, CRASH_FILE)
 
   def mine() -> list[dict]:
-    return [r for r in read_records(path) if r.get("kut") == kut_spec
+    return [r for r in read_records(path) if of_campaign(r, kut_spec, backward)
             and r.get("n") == steps and r.get("start") == start_step]
 
   byname = {r["name"]: r for r in mine()}
@@ -334,7 +361,8 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
                  dict(factory=fac, golden_dir=golden_dir, kut_spec=spec,
                       frequencies=list(remaining), steps=steps,
                       start_step=start_step, seeds=list(seeds), select=select,
-                      tmp_dir=tmp), limits, what="frequency")
+                      tmp_dir=tmp, backward=backward), limits,
+                 what="frequency")
       with contextlib.closing(w.events()) as events:
         for event in events:
           if event[0] == "say":
@@ -356,13 +384,16 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
       keep([r for r in read_records(os.path.join(tmp, RUNTIME_FILE))
             if r["name"] in _runtime.REFERENCE_RUNS])
       d = w.death
-      keep([{"kut": kut_spec, "n": steps, "start": start_step, "name": f,
-             "loss": [], "label": labels[f], "diverged_at": None,
-             "reason": f"{d.kind}: {d.message}",
-             "crash": {"kind": d.kind, "signal": d.signal,
-                       "timeout_s": d.timeout_s, "message": d.message}}])
+      keep([tag_backward(
+          {"kut": kut_spec, "n": steps, "start": start_step, "name": f,
+           "loss": [], "label": labels[f], "diverged_at": None,
+           "reason": f"{d.kind}: {d.message}",
+           "crash": {"kind": d.kind, "signal": d.signal,
+                     "timeout_s": d.timeout_s, "message": d.message}},
+          backward)])
       append_records(crash_path, [finding_record(d, kut_spec, "runtime",
-                                                 frequency=f)])
+                                                 frequency=f,
+                                                 backward=backward)])
       say(f"runtime {labels[f]}: {d.kind} ({d.message})")
       remaining = remaining[remaining.index(f) + 1:]
   finally:

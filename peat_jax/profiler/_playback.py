@@ -41,7 +41,8 @@ from peat_jax.profiler import _golden
 from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import (
-    PLAYBACK_FILE, append_records, read_records, rewrite_records)
+    PLAYBACK_FILE, append_records, of_campaign, read_records,
+    rewrite_records)
 from peat_jax.profiler._train_state import TrainTask
 from peat_jax.profiler._player import PlayerGroup
 from peat_jax.profiler._player import _check_specs
@@ -71,7 +72,8 @@ class PlaybackResult(NamedTuple):
 
 def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
                   campaign_dir: str | os.PathLike | None,
-                  steps: Sequence[int] | None) -> tuple[str, str, list, list]:
+                  steps: Sequence[int] | None,
+                  backward: str = "golden") -> tuple[str, str, list, list]:
   """Resolves paths and the steps to play; drops partial steps (resume).
 
   Args:
@@ -80,6 +82,7 @@ def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
     campaign_dir: where ``playback.msgpack`` goes (default: the golden
       directory's parent).
     steps: the checkpoint steps wanted (default: all saved but the last).
+    backward: the ``backward`` setting whose records count.
 
   Returns:
     ``(checkpoint_dir, record_path, steps, todo)``: ``todo`` are the steps
@@ -91,11 +94,13 @@ def playback_plan(golden_dir: str | os.PathLike, kut_spec: str,
   _, ckpt, campaign_dir = _layout.campaign_dirs(golden_dir, campaign_dir)
   path = os.path.join(campaign_dir, PLAYBACK_FILE)
   return (ckpt, path,
-          *plan_steps(saved_steps(ckpt), ckpt, path, kut_spec, steps))
+          *plan_steps(saved_steps(ckpt), ckpt, path, kut_spec, steps,
+                      backward))
 
 
 def plan_steps(saved: Sequence[int], ckpt: str, path: str, kut_spec: str,
-               steps: Sequence[int] | None) -> tuple[list[int], list[int]]:
+               steps: Sequence[int] | None,
+               backward: str = "golden") -> tuple[list[int], list[int]]:
   """The steps to play and those still to do; drops partial steps (resume).
 
   Args:
@@ -105,6 +110,8 @@ def plan_steps(saved: Sequence[int], ckpt: str, path: str, kut_spec: str,
       record) are removed from it.
     kut_spec: the KUT spec whose records count.
     steps: the steps wanted (default: all saved but the last).
+    backward: the ``backward`` setting whose records count (records of
+      the other setting are another campaign's).
 
   Returns:
     ``(steps, todo)``.
@@ -122,8 +129,9 @@ def plan_steps(saved: Sequence[int], ckpt: str, path: str, kut_spec: str,
   # Resume: keep complete steps (with an effect record), drop partial ones.
   old = read_records(path)
   done = {r["step"] for r in old if r.get("kind") == "effect"
-          and r.get("kut") == kut_spec}
-  kept = [r for r in old if r.get("kut") != kut_spec or r.get("step") in done]
+          and of_campaign(r, kut_spec, backward)}
+  kept = [r for r in old if not of_campaign(r, kut_spec, backward)
+          or r.get("step") in done]
   if len(kept) != len(old):
     rewrite_records(path, kept)
   return steps, [s for s in steps if s not in done]
@@ -131,7 +139,8 @@ def plan_steps(saved: Sequence[int], ckpt: str, path: str, kut_spec: str,
 
 def playback_result(path: str, steps: Sequence[int], kut_spec: str,
                     site_order: Sequence[str] | None = None,
-                    timings: Sequence[float] = ()) -> PlaybackResult:
+                    timings: Sequence[float] = (),
+                    backward: str = "golden") -> PlaybackResult:
   """Reads a playback record file back into a :class:`PlaybackResult`.
 
   Args:
@@ -140,24 +149,57 @@ def playback_result(path: str, steps: Sequence[int], kut_spec: str,
     kut_spec: the KUT whose records are read.
     site_order: execution order of the sites (default: first appearance).
     timings: wall seconds per played checkpoint (the first is compile).
+    backward: the ``backward`` setting whose records are read.
 
   Returns:
-    A :class:`PlaybackResult` sorted by (step, execution order).
+    A :class:`PlaybackResult` sorted by (step, execution order); the
+    records of a site with several outputs (``"output"``) follow their
+    site in output order.
   """
-  allrecs = [r for r in read_records(path) if r.get("kut") == kut_spec
+  allrecs = [r for r in read_records(path) if of_campaign(r, kut_spec, backward)
              and r.get("step") in set(steps)]
   site_recs = [r for r in allrecs if r.get("kind") == "site"]
   effects = sorted((r for r in allrecs if r.get("kind") == "effect"),
                    key=lambda r: r["step"])
-  order: list[str] = list(site_order or [])
-  for r in site_recs:
-    if r["site"] not in order:
-      order.append(r["site"])
+  order = record_order(site_order or [], site_recs)
   rank = {n: i for i, n in enumerate(order)}
   site_recs.sort(key=lambda r: (r["step"], rank[r["site"]]))
   sps = float(np.mean(timings[1:])) if len(timings) > 1 else math.nan
   return PlaybackResult(site_recs, effects, order,
                         _detector.localize(site_recs, order), sps)
+
+
+def record_order(site_order: Sequence[str], records: Sequence[dict]
+                 ) -> list[str]:
+  """The record names of ``records`` in execution order.
+
+  Args:
+    site_order: site names in execution order.
+    records: site records; a site with several outputs has one record per
+      output (``"output": i``, named ``<site>/d<i>``), which follow the
+      site's place in output order; names in neither come last, in order
+      of appearance.
+
+  Returns:
+    Every record name once.
+  """
+  outputs: dict[str, list] = {}
+  for r in records:
+    if "output" in r:
+      base = r["site"][:-len(f"/d{r['output']}")]
+      outputs.setdefault(base, [])
+      if (r["output"], r["site"]) not in outputs[base]:
+        outputs[base].append((r["output"], r["site"]))
+  order: list[str] = []
+  for name in site_order:
+    order += ([n for _, n in sorted(outputs[name])] if name in outputs
+              else [name])
+  seen = set(order)
+  for r in records:
+    if r["site"] not in seen:
+      order.append(r["site"])
+      seen.add(r["site"])
+  return order
 
 
 class _Prefetcher:
@@ -212,7 +254,8 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
              steps: Sequence[int] | None = None,
              select: str | Sequence[str] | None = None,
              progress: Callable[[str], None] | None = None,
-             prefetch: int = 1) -> PlaybackResult:
+             prefetch: int = 1,
+             backward: str = "golden") -> PlaybackResult:
   """Playback FI of a KUT at every saved checkpoint of a golden run.
 
   For each saved step s (all but the last, or ``steps``): restore, and let a
@@ -232,20 +275,28 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
     progress: called with one line per step.
     prefetch: checkpoints restored ahead in a background thread while one
       plays (0: restore each in turn, in this thread).
+    backward: ``"golden"`` (default: the golden kernel at the backward
+      sites, the forward-only question) or ``"kut"``: the KUT's VJP runs at
+      the backward sites of the selected forward sites, which are recorded
+      too (a signature per cotangent against the golden VJP and a float64
+      reference VJP). Records carry the setting (``"backward": "kut"``;
+      none for ``"golden"``), so the two never mix.
 
   Returns:
     A :class:`PlaybackResult`.
 
   Raises:
     PeatError: unknown spec, no selected site, a step that is not saved, a
-      negative ``prefetch``.
+      negative ``prefetch``, a bad ``backward``, a backward site the KUT's
+      VJP cannot run at (named).
     CheckpointError: a checkpoint that cannot be restored (raised when its
       turn comes; the steps before it are recorded).
   """
   spec = _kut.as_spec(kut_spec)
   return playback_many(task, golden_dir, [spec],
                        campaign_dir=campaign_dir, steps=steps, select=select,
-                       progress=progress, prefetch=prefetch)[spec.spec]
+                       progress=progress, prefetch=prefetch,
+                       backward=backward)[spec.spec]
 
 
 def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
@@ -254,7 +305,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
                   steps: Sequence[int] | None = None,
                   select: str | Sequence[str] | None = None,
                   progress: Callable[[str], None] | None = None,
-                  prefetch: int = 1) -> dict[str, PlaybackResult]:
+                  prefetch: int = 1,
+                  backward: str = "golden") -> dict[str, PlaybackResult]:
   """Playback FI of several KUTs together, one restore per checkpoint.
 
   Each checkpoint is restored once and played by a :class:`PlayerGroup`:
@@ -269,7 +321,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
     task: the golden run's task.
     golden_dir: the golden run's workdir (or its checkpoint directory).
     kut_specs: distinct specs of :func:`peat_jax.kernels.kut.resolve_kut`.
-    campaign_dir, steps, select, progress, prefetch: as :func:`playback`.
+    campaign_dir, steps, select, progress, prefetch, backward: as
+      :func:`playback` (one ``backward`` for every KUT).
 
   Returns:
     KUT spec -> its :class:`PlaybackResult` (``seconds_per_step`` is the
@@ -280,12 +333,14 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
     CheckpointError: as :func:`playback`.
   """
   parsed = _check_specs(kut_specs)
+  for s in parsed:
+    _kut.check_backward(backward, s)
   specs = [s.spec for s in parsed]  # records and results are keyed by them
   if not isinstance(prefetch, int) or prefetch < 0:
     raise PeatError(f"prefetch must be an int >= 0 (checkpoints restored "
                     f"ahead); got {prefetch!r}")
   say = progress or (lambda s: None)
-  plans = {k: playback_plan(golden_dir, k, campaign_dir, steps)
+  plans = {k: playback_plan(golden_dir, k, campaign_dir, steps, backward)
            for k in specs}
   ckpt, path, steps, _ = plans[specs[0]]  # the same for every KUT
   todo = {k: plan[3] for k, plan in plans.items()}
@@ -300,7 +355,7 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
       if group is None:
         group = PlayerGroup(task, parsed, state,
                             task.batch_at(int(state.data_position)),
-                            select=select)
+                            select=select, backward=backward)
       recs = group.play(s, state)
       for k in specs:
         if s in todo[k]:
@@ -319,7 +374,7 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
         say(f"playback step {s}{who}: done before, skipped")
   return {k: playback_result(
       path, steps, k,
-      group.players[k].site_names if group else None, timings)
+      group.players[k].site_names if group else None, timings, backward)
           for k in specs}
 
 
@@ -335,14 +390,17 @@ def step_line(step: int, recs: Sequence[dict], seconds: float, *,
     where: after the step, e.g. ``" on TFRT_CPU_0"`` (scale-out).
 
   Returns:
-    ``"playback step <s>[ <kut>]<where>: <n> sites, worst <model>
-    (<verdict>) at <site>; loss <golden> -> <kut> (<seconds> s)"``.
+    ``"playback step <s>[ <kut>]<where>: <n> sites[ (<f> fwd, <b> bwd)],
+    worst <model> (<verdict>) at <site>; loss <golden> -> <kut> (<seconds>
+    s)"``; the fwd/bwd counts appear when backward sites are recorded.
   """
   sites, eff = recs[:-1], recs[-1]
   worst = max(sites, key=lambda r: _detector.severity(
       r["diagnosis"]["verdict"]))
   who = f" {kut}" if kut else ""
-  return (f"playback step {step}{who}{where}: {len(sites)} sites, worst "
+  nb = sum(r["phase"] == "bwd" for r in sites)
+  split = f" ({len(sites) - nb} fwd, {nb} bwd)" if nb else ""
+  return (f"playback step {step}{who}{where}: {len(sites)} sites{split}, worst "
           f"{worst['diagnosis']['model']} ({worst['diagnosis']['verdict']}) "
           f"at {worst['site']}; loss {eff['loss_golden']:.6g} -> "
           f"{eff['loss_kut']:.6g} ({seconds:.2f} s)")

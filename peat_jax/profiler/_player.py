@@ -17,6 +17,7 @@ import numpy as np
 
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
+from peat_jax.profiler._records import tag_backward
 from peat_jax.profiler._train_state import TrainTask
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler._site_records import (
@@ -24,10 +25,21 @@ from peat_jax.profiler._site_records import (
 
 
 class SiteCall(NamedTuple):
-  """One selected site of a playback, with what its reference needs."""
+  """One selected site of a playback, with what its reference needs.
+
+  Attributes:
+    site: the site.
+    sub: the spec's substitution it comes from.
+    kind: ``"forward"``, or for a backward site of ``backward="kut"`` what
+      the KUT computes there (``peat_jax.sites.BackwardSite.kind``).
+    params: for a transposed primitive backward site (``kind == "vjp"``),
+      its own primitive parameters (its float64 reference).
+  """
 
   site: _sites.Site
   sub: _sites.Substitution
+  kind: str = "forward"
+  params: dict | None = None
 
 
 def _update_sums(params, gparams, kparams) -> tuple[jax.Array, jax.Array]:
@@ -78,9 +90,29 @@ def update_rel_diff(params, gparams, kparams) -> float:
 
 def select_calls(task: TrainTask, state, batch,
                  kut_spec: "str | _kut.KutSpec",
-            select: str | Sequence[str] | None) -> tuple[list, list]:
+                 select: str | Sequence[str] | None,
+                 backward: str = "golden") -> tuple[list, list]:
+  """The sites a KUT runs at in playback, in execution order.
+
+  Args:
+    task: the task.
+    state: a state of it (shapes only matter).
+    batch: a batch of it.
+    kut_spec: the KUT.
+    select: narrow the spec's forward sites: an ``fnmatch`` pattern or
+      names (with ``backward="kut"``, names may also be backward sites).
+    backward: ``"kut"`` adds the backward sites of the selected forward
+      sites (:func:`peat_jax.sites.backward_sites`).
+
+  Returns:
+    ``([SiteCall], site table)``.
+
+  Raises:
+    PeatError: no selected site, both ``select`` and a spec pattern.
+  """
   spec = _kut.as_spec(kut_spec)
-  subs = _kut.resolve_kut(spec)
+  _kut.check_backward(backward, spec)
+  subs = _kut.resolve_kut(spec, backward=backward)
   table = _sites.discover_sites(task.step_fn, state, batch)
   chosen = []
   for sub in subs:
@@ -92,6 +124,13 @@ def select_calls(task: TrainTask, state, batch,
     elif select is not None:
       kw["names"] = tuple(select)
     chosen += [SiteCall(s, sub) for s in _sites.select_sites(table, **kw)]
+    if backward == "kut":
+      named = () if select is None or isinstance(select, str) else select
+      chosen += [SiteCall(b.site, sub, b.kind, b.params)
+                 for b in _sites.backward_sites(
+                     task.step_fn, state, batch,
+                     forward=[c.site.name for c in chosen],
+                     backward=tuple(named))]
   order = {s.name: i for i, s in enumerate(table)}
   chosen.sort(key=lambda c: order[c.site.name])
   if not chosen:
@@ -120,7 +159,8 @@ class Player:
 
   def __init__(self, task: TrainTask, kut_spec: "str | _kut.KutSpec", state,
                batch, *,
-               select: str | Sequence[str] | None = None):
+               select: str | Sequence[str] | None = None,
+               backward: str = "golden"):
     """Selects the sites and builds (does not yet compile) the steps.
 
     Args:
@@ -129,21 +169,23 @@ class Player:
       state: a state of the task (shapes only matter).
       batch: a batch of the task.
       select: narrow the spec's sites: an ``fnmatch`` pattern or names.
+      backward: ``"golden"`` (the golden kernel at the backward sites) or
+        ``"kut"`` (the KUT's VJP at the backward sites of the selected
+        forward sites, tapped and recorded too).
 
     Raises:
-      PeatError: unknown spec, no selected site.
+      PeatError: unknown spec, no selected site, a bad ``backward``, a
+        backward site the KUT's VJP cannot run at.
     """
     self.task = task
     self.spec = _kut.as_spec(kut_spec)
     self.kut_spec = self.spec.spec
-    self.calls, _ = select_calls(task, state, batch, self.spec, select)
+    self.backward = backward
+    self.calls, _ = select_calls(task, state, batch, self.spec, select,
+                                 backward)
     self.site_names = [c.site.name for c in self.calls]
     self._store: dict = {}
-    subs = [_sites.Substitution(
-        _kut.recording(c.sub.kut, c.site.name, c.site.kernel,
-                       c.site.composite, self._store), sites=(c.site.name,))
-            for c in self.calls]
-    tapped = _sites.tap(task.step_fn, *subs)
+    tapped = _sites.tap(task.step_fn, *[self._tap_sub(c) for c in self.calls])
     eff = [_sites.Substitution(
         self.calls[0].sub.kut, sites=tuple(self.site_names),
         backward=self.calls[0].sub.backward)]
@@ -158,6 +200,20 @@ class Player:
     self._steps = jax.jit(both)
     self._compiled = None
     self._device_refs = None  # per call; built once the store is filled
+
+  def _tap_sub(self, c: SiteCall) -> _sites.Substitution:
+    """The substitution that taps one site (and records its reference)."""
+    name = c.site.name
+    if c.kind == "forward":
+      return _sites.Substitution(_kut.recording(
+          c.sub.kut, name, c.site.kernel, c.site.composite, self._store),
+                                 sites=(name,))
+    if c.kind == "vjp":  # the KUT's VJP; the reference: its own primitive
+      self._store[name] = dict(c.params)
+      return _sites.Substitution(c.sub.kut, sites=(name,), backward="kut")
+    return _sites.Substitution(_kut.recording(
+        c.sub.kut, name, c.site.kernel, c.site.composite, self._store,
+        vjp=c.kind == "composite_vjp"), sites=(name,), backward="kut")
 
   def _refs(self) -> "DeviceReferences":
     """The calls' device references (after the steps were traced)."""
@@ -189,7 +245,8 @@ class Player:
       return np.zeros(a.shape, a.dtype)
     site_records([(c.site, self._store[c.site.name],
                    jax.tree.map(fake, taps[c.site.name]))
-                  for c in self.calls], self.kut_spec, 0, self._refs())
+                  for c in self.calls], self.kut_spec, 0, self._refs(),
+                 backward=self.backward)
     update_rel_diff(state.params, state.params, state.params)
 
   def play(self, step: int, state) -> list[dict]:
@@ -222,7 +279,8 @@ class Player:
     taps, gparams, gm, kparams, km = out
     recs = site_records([(c.site, self._store[c.site.name],
                           taps[c.site.name]) for c in self.calls],
-                        self.kut_spec, int(step), refs)
+                        self.kut_spec, int(step), refs,
+                        backward=self.backward)
     gm, km = jax.device_get((gm, km))
     lg, lk = float(gm["loss"]), float(km["loss"])
     gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
@@ -232,7 +290,7 @@ class Player:
         "grad_rel_diff": (abs(gnk - gng) / gng if gng else
                           (0.0 if gnk == gng else math.inf)),
         "update_rel_diff": update_rel_diff(state.params, gparams, kparams)}
-    return recs + [eff]
+    return recs + [tag_backward(eff, self.backward)]
 
 
 class PlayerGroup:
@@ -250,7 +308,8 @@ class PlayerGroup:
   """
 
   def __init__(self, task: TrainTask, kut_specs: Sequence[str], state,
-               batch, *, select: str | Sequence[str] | None = None):
+               batch, *, select: str | Sequence[str] | None = None,
+               backward: str = "golden"):
     """Selects every KUT's sites and builds (not compiles) the call.
 
     Args:
@@ -259,13 +318,15 @@ class PlayerGroup:
       state: a state of the task (shapes only matter).
       batch: a batch of the task.
       select: narrow every spec's sites (as :class:`Player`).
+      backward: as :class:`Player`, for every KUT.
 
     Raises:
       PeatError: no spec, a repeated spec, an unknown spec, a spec that
         selects no site.
     """
     self.task = task
-    self.players = {k.spec: Player(task, k, state, batch, select=select)
+    self.players = {k.spec: Player(task, k, state, batch, select=select,
+                                   backward=backward)
                     for k in _check_specs(kut_specs)}
     fns = [p.both for p in self.players.values()]
     self._steps = jax.jit(lambda state, batch: [f(state, batch)

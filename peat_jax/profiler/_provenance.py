@@ -13,8 +13,10 @@ the report's ``provenance`` (docs/report.md).
 A KUT's content hash covers the files its code lives in, by spec source
 (:data:`CONTENT_FILES`): the native library (``.so``) of a ``native:`` spec,
 the source files of a registered KUT's callable and of the functions it
-closes over (a ``torch:`` spec: the torch bridge module and the user's
-torch function's module). A new spec source adds its own entry.
+closes over (a built-in ``torch:<name>`` spec: the torch bridge module),
+the module file and the function's source of a user's ``py:`` or
+``torch:<module>:<function>`` spec, the shared library of an ``ffi:``
+spec. A new spec source adds its own entry.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 
+from peat_jax import core as _core
 from peat_jax import kernels as _kernels
 from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
@@ -102,10 +105,28 @@ def _custom_files(spec: _kut.KutSpec) -> list[str]:
   return _code_files(_kut.kut_callable(spec))
 
 
+def _module_files(spec: _kut.KutSpec) -> list[str]:
+  """A ``py:`` or ``torch:`` spec's module file and its function's code."""
+  module, function = spec.parts
+  what = f"KUT spec {spec.spec!r}"
+  first = getattr(_core.import_user_module(module, what), "__file__", None)
+  fn = _core.user_function(module, function, what)
+  out = [first] if first and os.path.isfile(first) else []
+  return out + [p for p in _code_files(fn) if p not in out]
+
+
+def _library_files(spec: _kut.KutSpec) -> list[str]:
+  """An ``ffi:`` spec's shared library."""
+  return [spec.parts[0]]
+
+
 #: Spec source -> the files whose bytes the KUT's content hash covers.
 CONTENT_FILES: dict[str, Callable[[_kut.KutSpec], list[str]]] = {
     "native": _native_files,
     "custom": _custom_files,
+    "py": _module_files,
+    "torch": _module_files,
+    "ffi": _library_files,
 }
 
 
@@ -255,7 +276,8 @@ def read(directory: str) -> dict:
 
 
 def provenance(stored: Mapping, kut: str, records: Sequence[Mapping],
-               runtime_runs: Sequence[Mapping] | None) -> dict:
+               runtime_runs: Sequence[Mapping] | None, *,
+               backward: str = "golden") -> dict:
   """The report's ``provenance``: the stored half joined with the records.
 
   Args:
@@ -264,11 +286,15 @@ def provenance(stored: Mapping, kut: str, records: Sequence[Mapping],
     kut: the KUT spec of the report.
     records: the KUT's site records.
     runtime_runs: the report's runtime runs.
+    backward: the campaign's backward setting: ``"kut"`` (the KUT's VJP
+      ran at the backward sites) or ``"golden"``.
 
   Returns:
-    ``{"kut", "platform", "versions", "sites", "phases",
+    ``{"kut", "platform", "versions", "sites", "phases", "backward",
     "checkpoint_steps", "frequencies", "runtime_steps"}`` (and ``earlier``
-    environments when the campaign ran in several).
+    environments when the campaign ran in several). ``phases`` are the
+    records' phases (``fwd``, ``bwd``); without records, the stored
+    sites'; ``bwd`` also when runtime FI ran the KUT's VJP.
   """
   sites = list(stored.get("sites") or [])
   known = {s["site"] for s in sites}
@@ -278,13 +304,17 @@ def provenance(stored: Mapping, kut: str, records: Sequence[Mapping],
       sites.append({"site": r["site"], "kernel": r.get("kernel"),
                     "phase": r.get("phase")})
   ran = [r for r in runtime_runs or () if not r.get("crashed") and r["steps"]]
+  phases = {r["phase"] for r in records if r.get("phase")}
+  if not records:
+    phases |= {s["phase"] for s in sites if s.get("phase")}
+  if backward == "kut" and ran:
+    phases.add("bwd")
   out = {"kut": dict(stored.get("kut") or {"spec": kut}),
          "platform": dict(stored.get("platform") or {}),
          "versions": dict(stored.get("versions") or {}),
          "sites": sites,
-         "phases": sorted({r["phase"] for r in records if r.get("phase")}
-                          | ({s["phase"] for s in sites if s.get("phase")}
-                             if not records else set())),
+         "phases": sorted(phases),
+         "backward": backward,
          "checkpoint_steps": sorted({int(r["step"]) for r in records}),
          "frequencies": [r["frequency"] for r in ran],
          "runtime_steps": ([ran[0]["steps"][0], ran[0]["steps"][-1]]

@@ -315,3 +315,26 @@ def signature_record(sig) -> dict:
   for k in ("ulp_hist", "bits_xor", "rel_pct", "abs_pct"):
     rec[k] = np.asarray(getattr(s, k)).tolist()
   return rec
+
+
+def record_backward(record: dict) -> str:
+  """A record's ``backward`` setting: ``"golden"`` when it has none.
+
+  Records of ``backward="kut"`` campaigns hold ``"backward": "kut"``;
+  forward-only records (and every record written before the setting
+  existed) hold no field.
+  """
+  return record.get("backward", "golden")
+
+
+def of_campaign(record: dict, kut_spec: str, backward: str) -> bool:
+  """Whether a record belongs to the KUT ``kut_spec`` with ``backward``."""
+  return (record.get("kut") == kut_spec
+          and record_backward(record) == backward)
+
+
+def tag_backward(record: dict, backward: str) -> dict:
+  """``record`` with ``"backward"`` set when it is not ``"golden"``."""
+  if backward != "golden":
+    record["backward"] = backward
+  return record

@@ -30,7 +30,7 @@ from peat_jax.kernels import kut as _kut
 from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.profiler._player import select_calls
 from peat_jax.profiler._records import (
-    RUNTIME_FILE, append_records, read_records)
+    RUNTIME_FILE, append_records, of_campaign, read_records, tag_backward)
 from peat_jax.profiler._train_state import TrainTask
 
 
@@ -272,7 +272,8 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
             seeds: Sequence[int] = (1, 2),
             campaign_dir: str | os.PathLike | None = None,
             select: str | Sequence[str] | None = None,
-            progress: Callable[[str], None] | None = None) -> RuntimeResult:
+            progress: Callable[[str], None] | None = None,
+            backward: str = "golden") -> RuntimeResult:
   """Runtime FI: train with the KUT at a frequency and compare with golden.
 
   From the golden checkpoint ``start_step`` each frequency trains ``steps``
@@ -286,15 +287,26 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
   (:mod:`peat_jax.profiler._weights`). Finished frequencies in
   ``runtime.msgpack`` are skipped.
 
+  With ``backward="kut"`` the KUT's VJP runs at the backward sites of the
+  selected forward sites too, under the same schedule: a backward site
+  follows the decision of the forward call it belongs to (a call of the
+  KUT is its forward and its backward). Records carry the setting
+  (``"backward": "kut"``), so the two never mix.
+
   Returns:
     A :class:`RuntimeResult`.
+
+  Raises:
+    PeatError: unknown spec or frequency, a bad ``backward``, a backward
+      site the KUT's VJP cannot run at.
   """
   spec = _kut.as_spec(kut_spec)
+  _kut.check_backward(backward, spec)
   kut_spec = spec.spec  # the records' key
   say = progress or (lambda s: None)
   _, ckpt, campaign_dir = _layout.campaign_dirs(golden_dir, campaign_dir)
   path = os.path.join(campaign_dir, RUNTIME_FILE)
-  old = [r for r in read_records(path) if r.get("kut") == kut_spec
+  old = [r for r in read_records(path) if of_campaign(r, kut_spec, backward)
          and r.get("n") == steps and r.get("start") == start_step]
   byname = {r["name"]: r for r in old}
   scheds = [(f, *parse_frequency(f)) for f in frequencies]
@@ -305,8 +317,8 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
       state=state0, batch=task.batch_at(int(state0.data_position)))
 
   def keep(name, rec):
-    rec = {"kut": kut_spec, "n": steps, "start": start_step, "name": name,
-           **rec}
+    rec = tag_backward({"kut": kut_spec, "n": steps, "start": start_step,
+                        "name": name, **rec}, backward)
     append_records(path, [rec])
     byname[name] = rec
 
@@ -315,10 +327,10 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
   def kut_step(sched):
     if not subs:
       batch = task.batch_at(int(state0.data_position))
-      chosen, _ = select_calls(task, state0, batch, spec, select)
+      chosen, _ = select_calls(task, state0, batch, spec, select, backward)
       subs.append(_sites.Substitution(
           chosen[0].sub.kut, sites=tuple(c.site.name for c in chosen),
-          backward=chosen[0].sub.backward))
+          backward=backward))
     return jax.jit(_sites.substitute(
         task.step_fn, subs[0]._replace(schedule=sched)))
 

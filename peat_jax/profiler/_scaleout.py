@@ -45,7 +45,7 @@ from peat_jax.profiler._player import Player
 from peat_jax.profiler._playback import (
     PlaybackResult, plan_steps, playback_result, step_line)
 from peat_jax.profiler._records import (
-    PLAYBACK_FILE, append_records, read_records)
+    PLAYBACK_FILE, append_records, read_records, record_backward)
 from peat_jax.profiler._train_state import TrainTask
 
 #: Folder of a campaign directory holding per-process shard record files.
@@ -150,10 +150,11 @@ class _Sync:
 
 
 def _complete_groups(records: Sequence[dict]) -> dict[tuple, list]:
-  """``{(kut, step): records}`` of the (kut, step) groups with an effect."""
+  """``{(kut, backward, step): records}`` of the groups with an effect."""
   groups: dict[tuple, list] = {}
   for r in records:
-    groups.setdefault((r.get("kut"), r.get("step")), []).append(r)
+    groups.setdefault((r.get("kut"), record_backward(r), r.get("step")),
+                      []).append(r)
   return {k: v for k, v in groups.items()
           if any(r.get("kind") == "effect" for r in v)}
 
@@ -187,8 +188,8 @@ def merge_shards(path: str, shard_dir: str,
     for key, recs in _complete_groups(read_records(shard)).items():
       if key not in done and key not in new:
         new[key] = recs
-  keys = sorted(new, key=lambda k: (rank.get(k[1], len(rank)), k[1],
-                                    str(k[0])))
+  keys = sorted(new, key=lambda k: (rank.get(k[2], len(rank)), k[2],
+                                    str(k[0]), k[1]))
   if keys:
     append_records(path, [r for k in keys for r in new[k]])
   for shard in shards:
@@ -199,7 +200,8 @@ def merge_shards(path: str, shard_dir: str,
 
 
 def plan_playback(ckpt: str, path: str, kut_spec: str,
-                  steps: Sequence[int] | None) -> tuple[list[int], list[int]]:
+                  steps: Sequence[int] | None,
+                  backward: str = "golden") -> tuple[list[int], list[int]]:
   """Steps to play and those still to do; drops partial steps (resume).
 
   The rules of :func:`peat_jax.profiler._playback.playback_plan`, reading the
@@ -211,7 +213,8 @@ def plan_playback(ckpt: str, path: str, kut_spec: str,
   Raises:
     PeatError: a wanted step is not saved.
   """
-  return plan_steps(saved_steps_local(ckpt), ckpt, path, kut_spec, steps)
+  return plan_steps(saved_steps_local(ckpt), ckpt, path, kut_spec, steps,
+                    backward)
 
 
 def process_share(todo: Sequence[int], process_index: int,
@@ -260,7 +263,8 @@ class _LocalRun(NamedTuple):
 
 def _play_local(task: TrainTask, ckpt: str, kut_spec: _kut.KutSpec, select,
                 devices: list, todo: Sequence[int], out_path: str,
-                say: Callable[[str], None]) -> _LocalRun:
+                say: Callable[[str], None],
+                backward: str = "golden") -> _LocalRun:
   """Plays ``todo`` on ``devices``; appends records to ``out_path`` in order.
 
   One worker thread per device takes the next step, restores it onto its
@@ -273,7 +277,8 @@ def _play_local(task: TrainTask, ckpt: str, kut_spec: _kut.KutSpec, select,
   first = restore_on(ckpt, task, todo[0],
                      jax.sharding.SingleDeviceSharding(devices[0]))
   player = Player(task, kut_spec, first,
-                  task.batch_at(int(first.data_position)), select=select)
+                  task.batch_at(int(first.data_position)), select=select,
+                  backward=backward)
   results: dict[int, tuple] = {}
   errors: list[BaseException] = []
   cond = threading.Condition()
@@ -339,8 +344,8 @@ def _play_local(task: TrainTask, ckpt: str, kut_spec: _kut.KutSpec, select,
 
 
 def _finish(sync: _Sync, path: str, shard_dir: str, steps: Sequence[int],
-            todo: Sequence[int], kut_spec: str, campaign_dir: str
-            ) -> str | None:
+            todo: Sequence[int], kut_spec: str, campaign_dir: str,
+            backward: str = "golden") -> str | None:
   """Process 0 after the barrier: merges shards, checks every step is done.
 
   Complete steps are merged even when a process failed, so a rerun resumes.
@@ -356,8 +361,8 @@ def _finish(sync: _Sync, path: str, shard_dir: str, steps: Sequence[int],
     if failed:
       return ("playback failed in " + "; ".join(failed) + ". Its finished "
               "steps are recorded; fix the cause and rerun to resume")
-    done = {k[1] for k in _complete_groups(read_records(path))
-            if k[0] == kut_spec}
+    done = {k[2] for k in _complete_groups(read_records(path))
+            if k[:2] == (kut_spec, backward)}
     missing = [s for s in todo if s not in done]
     if missing:
       return (f"after merging, steps {missing} have no records in {path}: "
@@ -376,8 +381,8 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
                      steps: Sequence[int] | None = None,
                      select: str | Sequence[str] | None = None,
                      progress: Callable[[str], None] | None = None,
-                     barrier_timeout_s: float = 7 * 24 * 3600.0
-                     ) -> PlaybackResult:
+                     barrier_timeout_s: float = 7 * 24 * 3600.0,
+                     backward: str = "golden") -> PlaybackResult:
   """Playback FI with checkpoints spread over local devices and processes.
 
   In one process, the checkpoints go to worker threads, one per device in
@@ -406,6 +411,7 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
     progress: called with one line per step this process plays.
     barrier_timeout_s: how long a process waits at a barrier for the others
       (the slowest process's share of the work must fit in it).
+    backward: as for :func:`peat_jax.playback`.
 
   Returns:
     A :class:`peat_jax.PlaybackResult`; ``seconds_per_step`` is the mean
@@ -423,6 +429,7 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
   devices = local_devices(devices)
   sync = _Sync(barrier_timeout_s)
   spec = _kut.as_spec(kut_spec)
+  _kut.check_backward(backward, spec)
   kut_spec = spec.spec  # the records' key
   golden_dir, ckpt, campaign_dir = _layout.campaign_dirs(golden_dir,
                                                          campaign_dir)
@@ -432,7 +439,7 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
     try:
       os.makedirs(campaign_dir, exist_ok=True)
       merge_shards(path, shard_dir, steps or ())
-      plan = plan_playback(ckpt, path, kut_spec, steps)
+      plan = plan_playback(ckpt, path, kut_spec, steps, backward)
     except BaseException as e:
       sync.publish("plan", {"error": f"{type(e).__name__}: {e}"})
       raise
@@ -452,7 +459,8 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
     out = path
   error = None
   try:
-    run = _play_local(task, ckpt, spec, select, devices, mine, out, say)
+    run = _play_local(task, ckpt, spec, select, devices, mine, out, say,
+                      backward)
   except Exception as e:  # pylint: disable=broad-except
     error, run = e, _LocalRun(None, [])  # told to all, raised below
   sync.publish(f"status/{sync.me}",
@@ -460,7 +468,7 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
   sync.barrier("played")
   if sync.me == 0:
     sync.publish("outcome", _finish(sync, path, shard_dir, steps, todo,
-                                    kut_spec, campaign_dir))
+                                    kut_spec, campaign_dir, backward))
   sync.barrier("finished")
   if error is not None:
     raise error
@@ -471,4 +479,5 @@ def sharded_playback(task: TrainTask, golden_dir: str | os.PathLike,
     if s not in todo:
       say(f"playback step {s}: done before, skipped")
   timings = [math.nan] + run.timings  # playback_result skips the first
-  return playback_result(path, steps, kut_spec, run.site_order, timings)
+  return playback_result(path, steps, kut_spec, run.site_order, timings,
+                         backward)

@@ -19,6 +19,7 @@ from peat_jax import detector as _detector
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import signature_record
+from peat_jax.profiler._records import tag_backward
 from peat_jax.kernels import kut as _kut
 
 
@@ -37,15 +38,24 @@ def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
   """float64 reference of a site's golden kernel on its tapped inputs.
 
   Under ``scan`` the taps have a leading iteration axis: the reference is
-  computed per iteration. None when no reference applies.
+  computed per iteration. None when no reference applies. A composite's
+  backward site (``params["vjp"]``, see ``kernels.kut.recording``) gets
+  the VJP of the float64 reference: a list, one cotangent per output.
   """
   try:
-    fn = _analyzer.reference_fn(site.kernel, params)
+    if params.get("vjp"):
+      fn = _analyzer.reference_vjp_fn(site.kernel, params)
+      if fn is None:
+        return None
+    else:
+      fn = _analyzer.reference_fn(site.kernel, params)
     inputs = [np.asarray(x) for x in inputs]
     if "scan" in site.where and inputs and inputs[0].ndim == len(
         site.in_shapes[0]) + 1:
-      return np.stack([np.asarray(fn(*[x[i] for x in inputs]))
-                       for i in range(inputs[0].shape[0])])
+      outs = [fn(*[x[i] for x in inputs]) for i in range(inputs[0].shape[0])]
+      if isinstance(outs[0], list):
+        return [np.stack([o[j] for o in outs]) for j in range(len(outs[0]))]
+      return np.stack([np.asarray(o) for o in outs])
     return fn(*inputs)
   except (PeatError, TypeError, ValueError):
     return None
@@ -99,6 +109,26 @@ def _device_signatures(sites, refs: DeviceReferences) -> dict[int, Any]:
   return {i: sig for (i, _), sig in zip(ok, sigs)}
 
 
+def _vjp_signatures(site: _sites.Site, params: dict, tp: _sites.Tap) -> list:
+  """Signatures of a composite's backward site: one per cotangent.
+
+  Returns:
+    ``[(output index or None, signature)]``: one entry (index None) when
+    the site has one output, else one per output.
+  """
+  ref = _site_reference(site, params, tp.inputs)
+  many = isinstance(tp.golden, tuple)
+  tests = tp.kut if many else (tp.kut,)
+  golds = tp.golden if many else (tp.golden,)
+  refs = ref if isinstance(ref, list) else [None] * len(golds)
+  out = []
+  for i, (t, g, r) in enumerate(zip(tests, golds, refs)):
+    if r is not None and np.shape(r) != np.shape(g):
+      r = None
+    out.append((i if many else None, _analyzer.analyze(t, g, r)))
+  return out
+
+
 def _signature(site: _sites.Site, params: dict, tp: _sites.Tap):
   """Dispatches one site's signature (not waited for) and its context."""
   ref = _site_reference(site, params, tp.inputs)
@@ -108,17 +138,54 @@ def _signature(site: _sites.Site, params: dict, tp: _sites.Tap):
     ref = ref[0] if isinstance(ref, (tuple, list)) else ref
   if ref is not None and np.shape(ref) != np.shape(gold):
     ref = None
-  return _analyzer.analyze(test, gold, ref), _reduction(site, params)
+  return (_analyzer.analyze(test, gold, ref), _reduction(site, params), ref)
+
+
+def _port_probe(site, params, tp, sig, ref=None) -> dict | None:
+  """The port probe of a site whose signature calls for it
+  (peat.analyzer.needs_probe: a dense error beyond the golden kernel's
+  noise), or None: the composite's known constants and forms, and the
+  kernel on its inputs rounded to narrower formats."""
+  if not _analyzer.needs_probe(sig) or isinstance(tp.golden, tuple):
+    return None
+  if len(tp.inputs) != len(site.in_shapes) or any(
+      np.shape(x) != tuple(s) for x, s in zip(tp.inputs, site.in_shapes)):
+    return None  # scan-stacked taps: one probe per iteration is not kept
+  inputs = [np.asarray(x) for x in tp.inputs]
+  if ref is None:
+    ref = _site_reference(site, params, inputs)
+  if ref is None:
+    return None
+  args, kwargs = inputs, {}
+  if site.composite and "template" in params:
+    treedef, leaves, is_array = params["template"]
+    it = iter(inputs)
+    try:
+      args, kwargs = jax.tree.unflatten(treedef, [
+          next(it) if a else v for v, a in zip(leaves, is_array)])
+    except (TypeError, ValueError, StopIteration):
+      return None
+  try:
+    return _analyzer.port_probe(
+        site.kernel, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
+        ref, reference_fn=lambda *xs: _site_reference(site, params, xs),
+        reference_args=inputs)
+  except (TypeError, ValueError, PeatError):
+    return None
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
                  kut_spec: str, step: int,
-                 device_refs: DeviceReferences | None = None
-                 ) -> list[dict]:
+                 device_refs: DeviceReferences | None = None, *,
+                 backward: str = "golden") -> list[dict]:
   """(step, site) records of many sites of one step.
 
   Every signature is dispatched before any is read, then all come to the
   host in one transfer; the Detector runs on host copies.
+
+  A composite's backward site with several outputs (the cotangents of
+  several arguments) gets one record per output, named
+  :func:`output_name` and holding ``"output": i``.
 
   Args:
     sites: ``(site, params, tap)`` triples: the tapped site, its call
@@ -128,31 +195,58 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
     step: the step the taps come from.
     device_refs: the sites' :class:`DeviceReferences` (None: every float64
       reference is computed on host copies); same records either way.
+    backward: the campaign's backward setting; ``"kut"`` is stored in the
+      records (``"backward": "kut"``), ``"golden"`` is not (records without
+      the field are forward-only ones, as before the setting existed).
 
   Returns:
-    One msgpack-ready dict (``kind == "site"``) per site, in order.
+    One msgpack-ready dict (``kind == "site"``) per site (or output), in
+    order.
   """
   done = _device_signatures(sites, device_refs) if device_refs else {}
-  pending = [(site, done[i], _reduction(site, params)) if i in done
-             else (site, *_signature(site, params, tp))
-             for i, (site, params, tp) in enumerate(sites)]
+  # (site index, output index or None, signature, reduction, reference,
+  # on host)
+  pending = []
+  for i, (site, params, tp) in enumerate(sites):
+    if i in done:
+      pending.append((i, None, done[i], _reduction(site, params), None,
+                      True))
+    elif params.get("vjp"):
+      red = _reduction(site, params)
+      pending += [(i, k, sig, red, None, False)
+                  for k, sig in _vjp_signatures(site, params, tp)]
+    else:
+      sig, red, ref = _signature(site, params, tp)
+      pending.append((i, None, sig, red, ref, False))
   # Signatures of `done` are on the host already (packed transfer).
-  fetched = iter(jax.device_get([sig for i, (_, sig, _) in enumerate(pending)
-                                 if i not in done]))
-  host = [sig if i in done else next(fetched)
-          for i, (_, sig, _) in enumerate(pending)]
+  fetched = iter(jax.device_get([p[2] for p in pending if not p[5]]))
+  host = [p[2] if p[5] else next(fetched) for p in pending]
   out = []
-  for (site, _, red), sig in zip(pending, host):
-    diag = _detector.detect(sig, context={"kernel": site.kernel,
-                                          "reduction": red})
-    out.append({
-        "kind": "site", "kut": kut_spec, "step": step, "site": site.name,
+  for (i, k, _, red, ref, _), sig in zip(pending, host):
+    site, params, tp = sites[i]
+    context = {"kernel": site.kernel, "reduction": red}
+    probe = None if k is not None else _port_probe(site, params, tp, sig, ref)
+    if probe is not None:
+      context["port"] = probe
+    diag = _detector.detect(sig, context=context)
+    rec = {
+        "kind": "site", "kut": kut_spec, "step": step,
+        "site": site.name if k is None else output_name(site.name, k),
         "kernel": site.kernel, "phase": site.phase, "reduction": red,
         "signature": signature_record(sig),
-        "diagnosis": {"model": diag.model,
-                      "confidence": float(diag.confidence),
-                      "evidence": diag.evidence, "verdict": diag.verdict}})
+        "diagnosis": _detector.diagnosis_record(diag)}
+    if probe is not None:
+      rec["port"] = {key: v for key, v in probe.items()
+                     if key not in ("evidence", "signature")}
+    if k is not None:
+      rec["output"] = k
+    out.append(tag_backward(rec, backward))
   return out
+
+
+def output_name(site: str, output: int) -> str:
+  """The record name of one output of a site with several: ``<site>/d<i>``."""
+  return f"{site}/d{output}"
 
 
 def site_record(site: _sites.Site, params: dict, tp: _sites.Tap,

@@ -113,8 +113,12 @@ def _record_verdict(diags: dict, findings: Sequence[dict]) -> dict:
 
 def summary_table(data: dict) -> str:
   """A plain-text summary of report data (what :func:`validate` prints)."""
-  lines = [f"KUT {data['kut']} on {data['scenario']}: "
-           f"{data['verdict']['verdict'].upper()}",
+  bwd = [s for s in data["sites"] if s.get("direction") == "bwd"]
+  with_bwd = (data.get("settings") or {}).get("backward") == "kut" or bwd
+  lines = [f"KUT {data['kut']} on {data['scenario']}"
+           + (" (backward: kut, the KUT's VJP at the backward sites)"
+              if with_bwd else "")
+           + f": {data['verdict']['verdict'].upper()}",
            f"  {data['verdict']['summary']}"]
   w = max([len(s["site"]) for s in data["sites"]] + [4])
   lines.append(f"  {'site':<{w}}  {'model':<20} {'verdict':<7} max_noise_ratio")
@@ -122,6 +126,12 @@ def summary_table(data: dict) -> str:
     nr = [x for x in s["noise_ratio"] if x is not None and x == x]
     lines.append(f"  {s['site']:<{w}}  {s['model']:<20} {s['verdict']:<7} "
                  f"{max(nr) if nr else float('nan'):.3g}")
+  if with_bwd:
+    worst = [s for s in bwd if s["verdict"] != "pass"]
+    lines.append(f"  backward sites: {len(bwd)} of {len(data['sites'])}"
+                 + (f", {len(worst)} not pass (worst "
+                    f"{max(worst, key=lambda s: _detector.severity(s['verdict']))['site']})"
+                    if worst else ", all pass"))
   loc = data.get("localization")
   lines.append("  localization: " + (
       f"{loc['site']} at step {loc['step']} (noise ratio "

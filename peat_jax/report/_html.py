@@ -72,8 +72,8 @@ are marked *, everything else may be missing or ``None``::
   settings      {str: str|int|float}
   provenance    {"kut"*: {"spec"*, ...}, "platform"*: {...},
                  "versions"*: {...}, "sites"*: [{"site"*, "kernel", "phase",
-                 "in_shapes", "in_dtypes"}], "phases", "checkpoint_steps",
-                 "frequencies", "runtime_steps"}
+                 "in_shapes", "in_dtypes"}], "phases", "backward",
+                 "checkpoint_steps", "frequencies", "runtime_steps"}
 
 Lists that belong together (a site's per-step lists and ``steps``; the
 playback lists; a runtime run's lists) must have equal lengths.

@@ -277,3 +277,6 @@ def _check_provenance(prov: Mapping) -> None:
                       "per shape")
   for k in ("phases", "checkpoint_steps", "frequencies"):
     _get(prov, k, w, _SEQ, "a list", False)
+  if prov.get("backward") not in (None, "golden", "kut"):
+    raise PeatError(f"report data: {w}backward is {prov['backward']!r}; "
+                    'expected "golden", "kut" or None')

@@ -262,7 +262,8 @@ def section_provenance(d: Mapping) -> str:
         esc(s.get("phase") or "\u2014"),
         f"<code>{esc(_training.site_inputs(s))}</code>"] for s in sites]))
   out.append(table(["covered", "value"], [
-      ["phases", esc(", ".join(prov.get("phases") or []) or "none")],
+      ["phases", esc((", ".join(prov.get("phases") or []) or "none")
+                     + _training.backward_words(prov))],
       ["checkpoint steps", esc(", ".join(str(s) for s in
                                         prov.get("checkpoint_steps") or [])
                                or "none")],

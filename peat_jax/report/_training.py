@@ -146,13 +146,22 @@ def covers_sentence(prov: Mapping) -> str:
           f"{digest}, on {where} with {versions}, at {len(sites)} site"
           f"{'s' if len(sites) != 1 else ''} in phase"
           f"{'s' if len(prov.get('phases') or []) != 1 else ''} "
-          f"{', '.join(prov.get('phases') or []) or 'none'} with the input "
+          f"{', '.join(prov.get('phases') or []) or 'none'}"
+          f"{backward_words(prov)} with the input "
           f"shapes and dtypes listed ({len(shapes)} distinct kernel "
           f"signatures), at checkpoint "
           f"steps {steps or 'none'}, and in runtime FI at "
           f"{', '.join(freqs) if freqs else 'no frequency'}. Other shapes, "
           "dtypes, sites, phases, training states, platforms or versions "
           "were not exercised.")
+
+
+def backward_words(prov: Mapping) -> str:
+  """What ran at the backward sites, e.g. ``" (the KUT's VJP at the
+  backward sites)"``; empty when the provenance does not say."""
+  return {"kut": " (the KUT's VJP at the backward sites)",
+          "golden": " (the golden kernel at the backward sites)"}.get(
+              prov.get("backward"), "")
 
 
 def _shape(dtype: str, shape: Sequence[int]) -> str:
@@ -196,7 +205,8 @@ def provenance_lines(prov: Mapping) -> list[str]:
     lines.append("versions: not recorded")
   for s in prov.get("sites") or []:
     lines.append(f"site {s['site']}: {site_inputs(s)}")
-  lines.append(f"phases {', '.join(prov.get('phases') or []) or 'none'}; "
+  lines.append(f"phases {', '.join(prov.get('phases') or []) or 'none'}"
+               f"{backward_words(prov)}; "
                f"checkpoint steps {prov.get('checkpoint_steps') or []}; "
                f"runtime FI: {', '.join(prov.get('frequencies') or []) or 'none'}")
   lines.append(covers_sentence(prov))

@@ -3,16 +3,23 @@
 A *site* is one call of a kernel inside a traced step (docs/sites.md).
 Private modules: ``_discovery`` (tracing, walking the jaxpr, stable site
 names, selection), ``_composite`` (the ``@peat.composite`` marker of
-composite kernels), ``_schedules`` (when a KUT runs: every call, every n-th
-step, a seeded fraction), ``_substitution`` (a KUT in place of the golden
+composite kernels), ``_recognize`` (the standard JAX, Flax and Optax
+implementations of composite kernels, marked while peat_jax traces),
+``_schedules`` (when a KUT runs: every call, every n-th step, a seeded
+fraction), ``_substitution`` (a KUT in place of the golden
 kernel at selected sites, and taps of both on identical inputs) and
 ``_interpreter`` (the one jaxpr interpreter of peat_jax, which both
-substitution and the computation injectors run on).
+substitution and the computation injectors run on), ``_pairing``
+(backward sites paired with the forward calls they transpose) and
+``_backward`` (what ``backward="kut"`` runs at which backward sites: the
+KUT's VJP).
 """
 
 from peat_jax.sites._composite import composite as composite
 from peat_jax.sites._composite import composite_call as composite_call
 from peat_jax.sites._composite import composite_of as composite_of
+from peat_jax.sites._recognize import KINDS as RECOGNIZED_KINDS
+from peat_jax.sites._recognize import recognition as recognition
 from peat_jax.sites._discovery import PHASES as PHASES
 from peat_jax.sites._discovery import Site as Site
 from peat_jax.sites._discovery import SiteTable as SiteTable
@@ -24,6 +31,8 @@ from peat_jax.sites._discovery import sub_jaxprs as sub_jaxprs
 from peat_jax.sites._discovery import trace as trace
 from peat_jax.sites._discovery import walk as walk
 from peat_jax.sites._interpreter import Visitor as Visitor
+from peat_jax.sites._backward import BackwardSite as BackwardSite
+from peat_jax.sites._backward import backward_sites as backward_sites
 from peat_jax.sites._interpreter import interpret as interpret
 from peat_jax.sites._schedules import EveryCall as EveryCall
 from peat_jax.sites._schedules import EveryNSteps as EveryNSteps

@@ -83,6 +83,26 @@ class CompositeCall:
 
 _lock = threading.Lock()
 _registry: list[CompositeCall] = []
+_local = threading.local()  # .depth: marked calls being traced (per thread)
+
+
+def in_composite() -> bool:
+  """Whether this thread is tracing the body of a marked composite call.
+
+  The recognition of standard implementations
+  (:mod:`peat_jax.sites._recognize`) is off there: a composite's own
+  ``jax.nn.softmax`` is part of it, not a site of its own.
+  """
+  return getattr(_local, "depth", 0) > 0
+
+
+def _in_body(fn: Callable, *args, **kwargs):
+  """Calls ``fn`` as (part of) a marked call's body (see in_composite)."""
+  _local.depth = getattr(_local, "depth", 0) + 1
+  try:
+    return fn(*args, **kwargs)
+  finally:
+    _local.depth -= 1
 
 
 def composite_of(eqn) -> "CompositeCall | None":
@@ -149,7 +169,7 @@ def _marked_call(kind: str, fn: Callable, args, kwargs, call_kut=_default_call_k
 
   def fwd_arrays(*arrs):
     a, kw = call.rebuild(arrs)
-    flat, out_box["treedef"] = jax.tree.flatten(fn(*a, **kw))
+    flat, out_box["treedef"] = jax.tree.flatten(_in_body(fn, *a, **kw))
     return flat
 
   fwd_arrays.__name__ = f"peat:{kind}#{token}"
@@ -158,7 +178,7 @@ def _marked_call(kind: str, fn: Callable, args, kwargs, call_kut=_default_call_k
 
   def bwd_arrays(*arrs_and_cts):
     arrs, cts = arrs_and_cts[: len(arrays)], arrs_and_cts[len(arrays):]
-    return _vjp_floats(call, fn, arrs, cts, call_kut=None)
+    return _in_body(_vjp_floats, call, fn, arrs, cts, call_kut=None)
 
   bwd_arrays.__name__ = f"peat:{kind}:bwd#{token}"
   bwd_arrays.__qualname__ = bwd_arrays.__name__

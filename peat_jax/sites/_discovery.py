@@ -44,6 +44,7 @@ from jax._src import source_info_util
 from jax.extend import core as jex_core
 
 from peat_jax.sites import _composite
+from peat_jax.sites import _recognize
 from peat_jax.core import PeatError
 
 PHASES = ("fwd", "bwd", "upd")
@@ -218,11 +219,17 @@ def trace(fn: Callable, *args) -> tuple[jex_core.ClosedJaxpr, Any]:
     fn: the function (e.g. an un-jitted or jitted train step).
     *args: example arguments (arrays, ``jax.ShapeDtypeStruct`` or tracers).
 
+  The standard implementations of composite kernels (``jax.nn.softmax``,
+  ``nnx.LayerNorm``, ...) are recognized as composite sites while it traces
+  (:mod:`peat_jax.sites._recognize`).
+
   Returns:
     ``(closed_jaxpr, out_shape)``, dead code removed, where ``out_shape`` is the output pytree of
     ``jax.ShapeDtypeStruct``.
   """
-  closed, out_shape = jax.make_jaxpr(lambda *a: _peat_entry(fn, a), return_shape=True)(*args)
+  with _recognize.recognizing():
+    closed, out_shape = jax.make_jaxpr(lambda *a: _peat_entry(fn, a),
+                                       return_shape=True)(*args)
   return _dce(closed), out_shape
 
 

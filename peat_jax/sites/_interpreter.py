@@ -55,6 +55,15 @@ class Visitor:
     del eqn, addr
     return False
 
+  def scope(self, prefix: tuple, env: dict) -> None:
+    """Called when a jaxpr's evaluation starts (default: nothing).
+
+    Args:
+      prefix: the jaxpr's address prefix (``()`` for the outermost).
+      env: its variable -> value mapping, filled as equations run.
+    """
+    del prefix, env
+
 
 def bind(eqn, invals) -> list:
   """Binds an equation's primitive unchanged; returns its outputs as a list."""
@@ -74,6 +83,7 @@ def evaluate(jaxpr, consts, args, prefix: tuple, v: Visitor):
     env[var] = x
   for var, x in zip(jaxpr.invars, args):
     env[var] = x
+  v.scope(prefix, env)
   taps: dict = {}
   for i, eqn in enumerate(jaxpr.eqns):
     addr = prefix + (i,)

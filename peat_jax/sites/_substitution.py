@@ -21,6 +21,22 @@ Kernel-under-test signatures
   that is a ``jax.custom_vjp`` uses its own backward.
 * :data:`GOLDEN`: the golden kernel itself (for golden-for-golden checks).
 
+The KUT's backward (``Substitution(backward="kut")``)
+-----------------------------------------------------
+At the backward sites it adds (:func:`peat_jax.sites.backward_sites`), and at
+any backward site it selects, the KUT's VJP runs:
+
+* a transposed ``dot_general`` / ``conv_general_dilated`` site (the cotangent
+  of one operand of a forward call): ``jax.vjp`` of the KUT at the forward
+  call's operands and parameters, applied to the site's output cotangent,
+  keeping the cotangent of that operand, laid out as the site's output
+  (:mod:`peat_jax.sites._pairing` finds the forward call; a site it cannot
+  pair raises :class:`PeatError` naming it);
+* a composite's backward site: ``jax.vjp`` of the KUT, as above;
+* forward work recomputed inside a backward container (a composite's
+  backward, ``remat``): the KUT's forward;
+* any other primitive: the KUT on the site's own operands.
+
 Construct support: sites inside nested ``jit``, ``scan``, ``cond``, ``while``,
 ``remat`` and custom-derivative calls are substitutable (custom-derivative
 calls that were not differentiated in the step are evaluated through their
@@ -35,8 +51,12 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax.extend import core as jex_core
+
 from peat_jax.sites import _composite
 from peat_jax.sites import _discovery as _sites
+from peat_jax.sites import _backward
+from peat_jax.sites import _pairing
 from peat_jax.core import PeatError
 from peat_jax.sites._interpreter import (
     Visitor, bind, evaluate, evaluate_container)
@@ -67,10 +87,13 @@ class Substitution(NamedTuple):
     sites: explicit site names.
     schedule: when the KUT runs: :class:`EveryCall`, :class:`EveryNSteps` or
       :class:`Fraction` (ignored by taps, which always run both kernels).
-    backward: for selected forward sites, ``"golden"`` keeps the golden
-      kernel at the matching backward sites; ``"kut"`` also runs the KUT's
-      backward there (for a composite, the VJP of the KUT; for a primitive,
-      the KUT at the backward sites of the same kernel and module path).
+    backward: ``"golden"`` keeps the golden kernel at the backward sites of
+      the selected forward sites; ``"kut"`` runs the KUT's VJP there and at
+      the selected backward sites (module docstring): the backward sites
+      that belong to a selected forward site (the calls they transpose,
+      recompute or differentiate), or, for a backward site that belongs to
+      no forward site, those of a selected forward site's kernel and
+      module path.
   """
 
   kut: Any
@@ -105,6 +128,8 @@ class _Action(NamedTuple):
   kut: Any
   schedule: Any
   tap: bool
+  pair: Any = None  # _pairing.Pair: the KUT's VJP at a transposed site
+  schedule_name: str | None = None  # the name schedules decide by
 
 
 def _validate(sub, tap: bool) -> None:
@@ -129,11 +154,10 @@ def _validate(sub, tap: bool) -> None:
   _check_schedule(sub.schedule)
 
 
-def _resolve(sites: _sites.SiteTable, subs: Sequence[Substitution], tap: bool) -> dict:
+def _resolve(sites: _sites.SiteTable, subs: Sequence[Substitution], tap: bool,
+             closed=None) -> dict:
   actions: dict[tuple, _Action] = {}
-  by_key: dict[tuple, list] = {}
-  for s in sites:
-    by_key.setdefault((s.kernel, s.path, s.phase), []).append(s)
+  bmap = None
   for sub in subs:
     chosen = list(
         _sites.select_sites(sites, kernel=sub.kernel, pattern=sub.pattern, phase=sub.phase,
@@ -142,12 +166,10 @@ def _resolve(sites: _sites.SiteTable, subs: Sequence[Substitution], tap: bool) -
     if not chosen:
       raise PeatError(f"{sub._replace(kut='...')} selects no site; check discover_sites(...).table().")
     if sub.backward == "kut":
-      extra = []
-      for s in chosen:
-        if s.phase == "fwd":
-          extra += by_key.get((s.kernel, s.path, "bwd"), [])
+      bmap = bmap or _pairing.analyze_backward(closed, sites)
       seen = {s.name for s in chosen}
-      chosen += [s for s in extra if s.name not in seen and not seen.add(s.name)]
+      chosen += [b.site for b in _backward.backward_of(sites, chosen, bmap)
+                 if b.site.name not in seen]
     for s in chosen:
       if s.address in actions:
         raise PeatError(
@@ -164,7 +186,18 @@ def _resolve(sites: _sites.SiteTable, subs: Sequence[Substitution], tap: bool) -
             f"site {s.name!r} is inside a `while` loop: taps need a known number of calls "
             "(use scan, or tap sites outside the loop)."
         )
-      actions[s.address] = _Action(s, sub.kut, sub.schedule, tap)
+      pair, sched_name = None, None
+      if sub.backward == "kut" and s.phase == "bwd":
+        sched_name = bmap.forward.get(s.address)
+        if bmap.kind.get(s.address) == "vjp" and sub.kut not in (None, GOLDEN):
+          pair = bmap.pairs.get(s.address)
+          if pair is None:
+            raise PeatError(
+                f"backward site {s.name!r} cannot run the KUT's VJP: "
+                f"{bmap.unpaired[s.address]}. Fix: backward='golden' (the "
+                "forward-only question), or select forward sites whose "
+                "backward sites peat_jax pairs (discover_sites(...).table()).")
+      actions[s.address] = _Action(s, sub.kut, sub.schedule, tap, pair, sched_name)
   return actions
 
 
@@ -182,6 +215,16 @@ class _Runtime(Visitor):
     self.containing = containing
     self.step = step
     self.continue_with = continue_with
+    self.envs: dict = {}
+
+  def scope(self, prefix, env):
+    self.envs[prefix] = env
+
+  def read(self, prefix, var):
+    """A variable's value in the jaxpr at ``prefix`` (being evaluated)."""
+    if isinstance(var, jex_core.Literal):
+      return var.val
+    return self.envs[prefix][var]
 
   def at(self, eqn, invals, addr):
     if addr in self.actions:
@@ -193,12 +236,16 @@ class _Runtime(Visitor):
     return addr in self.containing
 
 
-def _kut_fn(eqn, action: _Action):
+def _kut_fn(eqn, action: _Action, rt: "_Runtime"):
   """Returns ``f(*invals) -> list of outputs`` for the KUT at a site."""
   kut = action.kut
   if kut == GOLDEN:
     return lambda *a: bind(eqn, a)
   site = action.site
+  if action.pair is not None:
+    aval = eqn.outvars[0].aval
+    return lambda *a: [_backward.vjp_output(action.pair, kut, list(a), rt.read,
+                                           site.name, aval)]
   if site.composite:
     _, is_bwd, call = _composite.lookup(eqn.params["name"])
     if is_bwd:
@@ -216,7 +263,17 @@ def _checked(fn, eqn, site):
   """Wraps a KUT so that its outputs must match the golden avals."""
 
   def wrapped(*a):
-    outs = fn(*a)
+    try:
+      outs = fn(*a)
+    except PeatError as err:  # a KUT's own check: say where it ran
+      if site.name in str(err):
+        raise
+      raise PeatError(f"at site {site.name!r}: {err}") from err
+    except Exception as err:  # the KUT itself failed while being traced
+      raise PeatError(
+          f"the KUT at site {site.name!r} raised {type(err).__name__}: "
+          f"{err}. Fix the KUT, or leave the site out of the selection"
+      ) from err
     if len(outs) != len(eqn.outvars):
       raise PeatError(
           f"KUT at site {site.name!r} returned {len(outs)} outputs; expected {len(eqn.outvars)}"
@@ -243,7 +300,7 @@ def _one(xs):
 def _apply_site(eqn, invals, addr, action: _Action, rt: _Runtime):
   site = action.site
   golden = lambda *a: bind(eqn, a)
-  kut = None if action.kut is None else _checked(_kut_fn(eqn, action), eqn, site)
+  kut = None if action.kut is None else _checked(_kut_fn(eqn, action, rt), eqn, site)
   if action.tap:
     if addr in rt.containing:  # sites inside this composite are tapped too
       g, taps = evaluate_container(eqn, invals, addr, rt)
@@ -256,7 +313,8 @@ def _apply_site(eqn, invals, addr, action: _Action, rt: _Runtime):
   if action.kut == GOLDEN and addr in rt.containing:
     # A golden composite with selected sites inside: evaluate its body.
     kut = lambda *a: evaluate_container(eqn, list(a), addr, rt)[0]
-  active = action.schedule.active(rt.step, site.name, tuple(rt.loop_indices))
+  active = action.schedule.active(rt.step, action.schedule_name or site.name,
+                                  tuple(rt.loop_indices))
   if active is True:
     return kut(*invals), {}
   return lax.cond(active, lambda a: kut(*a), lambda a: golden(*a), list(invals)), {}
@@ -288,7 +346,7 @@ def _build(fn, subs, tap: bool, continue_with: str, counter, include_structural:
   def run(*args):
     closed, out_shape = _sites.trace(fn, *args)
     sites = _sites.walk(closed, include_structural=include_structural)
-    actions = _resolve(sites, subs, tap)
+    actions = _resolve(sites, subs, tap, closed)
     containing = {a[:k] for a in actions for k in range(1, len(a), 2)}
     step = (counter or _default_counter)(*args) if needs_step else None
     rt = _Runtime(actions, containing, step, continue_with)

@@ -50,6 +50,8 @@ CASES = {
     "precision:fp8_e5m2": {},
     "reordering": {"share": 0.5},
     "nondeterminism": {"share": 0.5},
+    "parameter": {"delta": 1e-2},
+    "approximation": {"rel": 1e-2},
 }
 # Models whose result depends on the key.
 KEYED = {"bitflip", "stuck_at", "random_value", "zero", "nan", "lane",
@@ -80,13 +82,39 @@ def bits(a):
 def test_every_design_error_model_has_an_injector():
   design = {"exact", "reordering", "accumulation", "truncation", "ftz",
             "saturation", "bitflip", "stuck_at", "random_value", "zero", "nan",
-            "lane", "indexing", "scale", "nondeterminism", "precision"}
+            "lane", "indexing", "scale", "nondeterminism", "precision",
+            "parameter", "approximation"}
   names = {n.split(":")[0] for n in injectors.ERROR_MODELS}
   assert design == names
   for f in ("bf16", "fp16", "tf32", "fp8_e4m3", "fp8_e5m2"):
     assert f"precision:{f}" in injectors.ERROR_MODELS
     assert f"accumulation:{f}" in injectors.ERROR_MODELS
   assert set(CASES) == set(injectors.TENSOR_ERROR_MODELS)
+
+
+def test_port_patterns_are_what_their_model_says():
+  """parameter: one factor per row, larger on rows of small mean square;
+  approximation: t / x - 1 is one function of the value, bounded by rel."""
+  x = np.asarray(data(4, (16, 64)), np.float64)
+  x[3] *= 0.25  # a small row
+  y = np.asarray(injectors.inject("parameter", jax.random.key(0),
+                                  jnp.asarray(x, jnp.float32), delta=1e-3),
+                 np.float64)
+  ratio = y / x - 1
+  np.testing.assert_allclose(ratio, ratio[:, :1] * np.ones_like(ratio),
+                             rtol=1e-3, atol=1e-6)
+  ms = np.mean(x * x, -1)
+  np.testing.assert_allclose(ratio[:, 0], 1e-3 * np.mean(ms) / ms,
+                             rtol=1e-2, atol=1e-6)
+  z = np.asarray(injectors.inject("approximation", jax.random.key(0),
+                                  jnp.asarray(x, jnp.float32), rel=1e-3),
+                 np.float64)
+  err = z / x - 1
+  frac = np.abs(np.frexp(x)[0]) * 2 - 1
+  want = 1e-3 * frac * (1 - frac) * (1 - 2 * frac) / (np.sqrt(3) / 18)
+  np.testing.assert_allclose(err, want, atol=2e-7)
+  assert np.max(np.abs(err)) > 0.9e-3
+  assert np.max(np.abs(err)) <= 1e-3 * (1 + 1e-3)
 
 
 @pytest.mark.parametrize("dtype", BROAD)

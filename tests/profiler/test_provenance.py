@@ -97,6 +97,60 @@ def test_provenance_without_a_stored_file_comes_from_the_records():
   assert "site fwd/dot_general:0: inputs not recorded" in lines
 
 
+def test_phases_and_backward_setting():
+  fwd = {"site": "fwd/dot_general:0", "kernel": "dot_general",
+         "phase": "fwd", "step": 0}
+  bwd = dict(fwd, site="bwd/dot_general:0", phase="bwd")
+  stored = {"kut": {"spec": "native:matmul:in_bf16"},
+            "sites": [{"site": fwd["site"], "kernel": "dot_general",
+                       "phase": "fwd", "in_shapes": [[4, 8], [8, 2]],
+                       "in_dtypes": ["float32", "float32"]}]}
+  run = [{"frequency": "every call", "steps": [0, 1], "crashed": False}]
+  # The KUT's VJP: the backward records' phase and the setting.
+  prov = _provenance.provenance(stored, "native:matmul:in_bf16",
+                                [fwd, bwd], run, backward="kut")
+  assert prov["phases"] == ["bwd", "fwd"] and prov["backward"] == "kut"
+  assert [s["site"] for s in prov["sites"]] == [fwd["site"], bwd["site"]]
+  text = report.covers_sentence(prov)
+  assert ("in phases bwd, fwd (the KUT's VJP at the backward sites)"
+          in text)
+  assert "(1 distinct kernel signatures)" in text
+  # Forward records only, golden backward: one phase, said so.
+  prov = _provenance.provenance(stored, "native:matmul:in_bf16", [fwd], run)
+  assert prov["phases"] == ["fwd"] and prov["backward"] == "golden"
+  assert ("in phase fwd (the golden kernel at the backward sites)"
+          in report.covers_sentence(prov))
+  # No playback record (every checkpoint crashed) but runtime FI ran the
+  # KUT's VJP: both phases are covered.
+  prov = _provenance.provenance(stored, "native:matmul:in_bf16", [], run,
+                                backward="kut")
+  assert prov["phases"] == ["bwd", "fwd"]
+  prov = _provenance.provenance(stored, "native:matmul:in_bf16", [], [],
+                                backward="kut")
+  assert prov["phases"] == ["fwd"]
+
+
+def test_py_kut_hash_covers_its_module(byo):
+  spec = kut.as_spec("py:byo_model:layer_norm", "layer_norm")
+  content = _provenance.kut_entry(spec)["content"]
+  path = str(byo / "byo_model.py")
+  assert content["files"] == [{"path": path, "sha256": _sha(path)}]
+
+
+def test_ffi_kut_hash_is_its_library(tmp_path):
+  lib = tmp_path / "libmine.so"
+  lib.write_bytes(b"\x7fELF one build")
+  spec = kut.KutSpec(f"ffi:{lib}:Mine@dot_general", "ffi", "dot_general",
+                     "default", None, "dot_general", (str(lib), "Mine", None))
+  first = _provenance.kut_entry(spec)["content"]
+  assert first["files"] == [{"path": str(lib), "sha256": _sha(lib)}]
+  lib.write_bytes(b"\x7fELF another build")   # rebuilt: another hash
+  assert _provenance.kut_entry(spec)["content"]["sha256"] != first["sha256"]
+  lib.unlink()
+  with pytest.raises(peat.PeatError, match="cannot hash the code of KUT"):
+    _provenance.kut_entry(spec)
+
+
 def test_write_keeps_earlier_environments(tmp_path):
   first = {"kut": {"spec": "golden"}, "platform": {"backend": "cpu"},
            "versions": {"jax": "0.1"}, "sites": []}

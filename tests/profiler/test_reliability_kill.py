@@ -29,15 +29,15 @@ import msgpack
 import numpy as np
 import pytest
 
-from peat_jax import profiler as _records
+from peat_jax import profiler
 
 KUT = "native:matmul:in_bf16"
 SCRIPT = textwrap.dedent(f"""
     import sys
-    from peat_jax import profiler as _campaign, _isolate
-    factory = _isolate.TaskFactory("peat_jax.models", "get_task",
+    import peat_jax as peat
+    factory = peat.TaskFactory("peat_jax.models", "get_task",
                                    {{"name": "cnn", "batch_size": 16}})
-    _campaign.validate(factory, {KUT!r}, sys.argv[1], steps=6,
+    peat.validate(factory, {KUT!r}, sys.argv[1], steps=6,
                        checkpoint_every=2, frequencies=("every", "every_2"),
                        runtime_steps=4, seed=5, timeout_s=600,
                        memory_limit_mb=4096,
@@ -146,9 +146,9 @@ def _state(directory):
   with open(os.path.join(d, "golden", "log.msgpack"), "rb") as f:
     log = list(msgpack.Unpacker(f, raw=False))
   return {
-      "playback": _records.read_records(os.path.join(d, "playback.msgpack")),
-      "runtime": _records.read_records(os.path.join(d, "runtime.msgpack")),
-      "crashes": _records.read_records(os.path.join(d, "crashes.msgpack")),
+      "playback": profiler.read_records(os.path.join(d, "playback.msgpack")),
+      "runtime": profiler.read_records(os.path.join(d, "runtime.msgpack")),
+      "crashes": profiler.read_records(os.path.join(d, "crashes.msgpack")),
       "log": log, "checkpoints": _fingerprints(d)}
 
 
@@ -242,4 +242,4 @@ def test_same_seed_gives_bitwise_identical_record_files(reference, tmp_path):
                os.path.join("golden", "log.msgpack")):
     assert (d / name).read_bytes() == (ref / name).read_bytes(), name
   assert _fingerprints(d) == _fingerprints(ref)
-  assert len(_records.read_records(d / "playback.msgpack")) == 3 * 2
+  assert len(profiler.read_records(d / "playback.msgpack")) == 3 * 2

@@ -11,6 +11,7 @@ from jax import lax
 from peat_jax import sites as _sites
 from peat_jax import sites as S
 from peat_jax import models
+from peat_jax.kernels import kut as K
 
 # Small configs: discovery only traces; substitution compiles the step.
 SMALL = {
@@ -156,3 +157,68 @@ def test_cnn_conv_kut_on_backward_sites_only():
   assert len(taps) == 5 and all(n.startswith("bwd/Cnn/Conv/") for n in taps)
   for t in taps.values():
     np.testing.assert_allclose(t.kut, 0.5 * np.asarray(t.golden), rtol=1e-6)
+
+
+# Backward sites of each model: what backward="kut" runs there.
+PAIRED = {  # kernel -> bwd sites whose kind is "vjp" / "recompute"
+    "cnn": {"conv_general_dilated": (5, 0), "dot_general": (2, 0)},
+    "vit": {"dot_general": (27, 2)},
+    "gpt": {"dot_general": (26, 2)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_every_backward_site_of_every_model_pairs_with_a_forward_site(name):
+  """Every transposed site transposes a forward site (with its operands
+  reachable where it runs), recomputations inside the composites'
+  backward sites recompute one, and each composite's backward site is
+  paired with its forward site."""
+  task, state = setup(name)
+  batch = task.batch_at(0)
+  table = S.discover_sites(task.step_fn, state, batch)
+  kernels = {s.kernel for s in table if s.composite} | {
+      "dot_general", "conv_general_dilated"}
+  fwd = [s.name for s in table if s.phase == "fwd" and s.kernel in kernels]
+  found = S.backward_sites(task.step_fn, state, batch, forward=fwd)
+  bwd = {s.name for s in table if s.phase == "bwd" and s.kernel in kernels}
+  assert {b.site.name for b in found} == bwd
+  for kernel, (n_vjp, n_recompute) in PAIRED[name].items():
+    mine = [b for b in found if b.site.kernel == kernel]
+    assert sum(b.kind == "vjp" for b in mine) == n_vjp
+    assert sum(b.kind == "recompute" for b in mine) == n_recompute
+    assert all(b.forward in fwd for b in mine), kernel
+  # A composite's backward site belongs to its forward site; one nested in
+  # another composite's backward site (softmax in attention's) belongs to
+  # a recomputation there and is selected by kernel and module path.
+  # The backward pass runs in reverse: backward ordinal i of n belongs to
+  # forward ordinal n - 1 - i.
+  composites = [b for b in found if b.kind == "composite_vjp"]
+  assert composites
+  by_name = table.by_name()
+  for b in composites:
+    if "composite" in b.site.where:
+      assert b.forward is None, b
+      continue
+    f = by_name[b.forward]
+    n = sum(1 for c in composites if (c.site.kernel, c.site.path) == (
+        b.site.kernel, b.site.path) and "composite" not in c.site.where)
+    assert (f.kernel, f.path, f.ordinal) == (
+        b.site.kernel, b.site.path, n - 1 - b.site.ordinal), b
+
+
+@pytest.mark.slow
+def test_gpt_native_matmul_vjp_at_every_backward_site():
+  """native:matmul:in_bf16 with backward="kut" on the GPT: its VJP (the
+  native backward target) at the Linear layers and at the attention's
+  products inside the composite's backward site."""
+  task, state = setup("gpt", run=True)
+  batch = task.batch_at(0)
+  kut = K.kut_callable("native:matmul:in_bf16")
+  _, taps = jax.jit(S.tap(task.step_fn, S.Substitution(
+      kut, kernel="dot_general", phase="fwd", backward="kut")))(state, batch)
+  bwd = [n for n in taps if n.startswith("bwd/")]
+  assert len(bwd) == 15  # depth 1: 13 transposed, 2 recomputed
+  for n in bwd:
+    k, g = np.asarray(taps[n].kut), np.asarray(taps[n].golden)
+    scale = np.abs(g).max()
+    assert 0 < np.abs(k - g).max() < 2**-6 * scale * g.size ** 0.5, n

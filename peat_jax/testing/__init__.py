@@ -1,0 +1,14 @@
+"""Helpers for a kernel repository's own test suite (pytest or any runner).
+
+>>> import peat_jax as peat
+>>> def test_my_matmul_trains(tmp_path):
+...   peat.testing.assert_kernel_trains(
+...       "py:my_kernels:matmul", kernel="dot_general",
+...       task="my_model:task", steps=20, campaign_dir=tmp_path)
+
+Private modules: ``_assert`` (:func:`assert_kernel_trains`: a whole
+``peat.validate`` campaign whose verdict decides the assertion).
+"""
+
+from peat_jax.testing._assert import KernelTrainingError as KernelTrainingError
+from peat_jax.testing._assert import assert_kernel_trains as assert_kernel_trains
