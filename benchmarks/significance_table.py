@@ -74,25 +74,36 @@ def tables(dirs, layers: int = 8) -> str:
   return "\n".join(out + per_layer)
 
 
-def main(argv) -> int:
-  layers = 8
-  dirs = []
+def parse_args(argv, options: dict) -> tuple[dict, list] | None:
+  """``--key=value`` options (defaults in ``options``, typed alike) and the
+  campaign directories; None (after the error line) when there is none or
+  one has no report.json."""
+  opts, dirs = dict(options), []
   for a in argv[1:]:
-    if a.startswith("--layers="):
-      layers = int(a.split("=", 1)[1])
+    key, eq, val = a[2:].partition("=")
+    if a.startswith("--") and eq and key in opts:
+      opts[key] = type(options[key])(val) if options[key] is not None else val
     else:
       dirs.append(a)
   if not dirs:
     print("error: give campaign directories, e.g. runs/sig_gpt_in_bf16",
           file=sys.stderr)
-    return 2
+    return None
   missing = [d for d in dirs if not os.path.exists(
       os.path.join(d, "report.json"))]
   if missing:
     print(f"error: no report.json in {', '.join(missing)}; run "
           "python -m peat_jax.tools.validate there first", file=sys.stderr)
+    return None
+  return opts, dirs
+
+
+def main(argv) -> int:
+  parsed = parse_args(argv, {"layers": 8})
+  if parsed is None:
     return 2
-  print(tables(dirs, layers))
+  opts, dirs = parsed
+  print(tables(dirs, opts["layers"]))
   return 0
 
 

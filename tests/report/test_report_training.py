@@ -4,9 +4,7 @@ significance of runtime FI, provenance (report/_training.py, _sections.py).
 The data is tests/report/test_report.py's (real computations: a numpy SGD
 run, its seed run and its bf16 proxy give the significance)."""
 
-import importlib.util
 import json
-import pathlib
 import re
 
 import numpy as np
@@ -17,17 +15,9 @@ from peat_jax import report
 from peat_jax.report import write_report
 
 
-def _campaign_data() -> dict:
-  path = pathlib.Path(__file__).with_name("test_report.py")
-  spec = importlib.util.spec_from_file_location("_peat_report_data2", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.campaign_data()
-
-
 @pytest.fixture(scope="module")
-def data():
-  return _campaign_data()
+def data(report_campaign_data):
+  return report_campaign_data
 
 
 def _section(page: str, name: str) -> str:
