@@ -109,7 +109,7 @@ def _marker(kind: str, x: float, y: float, color: str, r: float = 3.6
 def _log_axis(values: list[float]) -> tuple[float, float]:
   vals = [v for v in values if v]
   lo = math.floor(math.log10(min(vals + [1.0])))
-  hi = math.ceil(math.log10(max(vals + [1.0])))
+  hi = max(math.ceil(math.log10(max(vals + [1.0]))), 1)  # 1 inside
   return float(lo), float(hi if hi > lo else lo + 1)
 
 
@@ -138,9 +138,8 @@ def figure(scenario: str, kuts: list[dict]) -> str:
        f'viewBox="0 0 {W} {h}" font-family="DejaVu Sans, sans-serif">',
        f'<rect width="{W}" height="{h}" fill="white"/>',
        f'<text x="10" y="20" font-size="15" font-weight="bold">'
-       f'{html.escape(scenario)}: runtime FI\'s weight distance to the '
-       'golden trajectory (Wasserstein-1) ÷ the bf16 proxy\'s and ÷ the '
-       'seed-to-seed distance</text>']
+       f'{html.escape(scenario)}: weight distance to the golden '
+       'trajectory (W1) ÷ bf16 proxy\'s, ÷ seed-to-seed</text>']
   # Legend, one KUT a line.
   for i, k in enumerate(kuts):
     y = 38 + 18 * i
