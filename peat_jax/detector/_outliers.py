@@ -41,6 +41,10 @@ SPARSE_SHARE = 0.01
 #: A shift / transpose / permutation needs this share of matches.
 MATCH_SHARE = 0.9
 
+#: A permutation's largest moved value errs by at least this share of the
+#: RMS of golden (two random places of one tensor differ by about the RMS).
+PERMUTED_ERROR = 2.0 ** -4
+
 
 def _covers(c: Candidate, n: int) -> Candidate:
   return c._replace(params={**c.params, "covers": int(n)})
@@ -104,8 +108,13 @@ def _rule_dense_faults(f: _Facts) -> list[Candidate]:
             {"kind": "shift", "axis": "columns" if axis == "col" else "rows",
              "shift": shift}), f.n_beyond))
   matched, moved = int(s["n_out_matched"]), int(s["n_out_moved"])
+  # Values moved to other places err by about the spread of the values
+  # (a sizeable share of the RMS); an error a small fraction of the RMS
+  # whose sorted values happen to line up among densely packed outputs is
+  # not a permutation.
+  far = float(s["out_abs_max"]) >= PERMUTED_ERROR * float(s["golden_rms"])
   if (2 <= matched == f.n_out and moved >= MATCH_SHARE * matched
-      and int(s["n_out_zero"]) < 0.5 * f.n_out):
+      and int(s["n_out_zero"]) < 0.5 * f.n_out and far):
     out.append(_covers(Candidate(
         "indexing", 0.9,
         f"the {f.n_out} outliers hold each other's golden values (sorted, "

@@ -7,7 +7,8 @@ GELU ``(x)``), computed in plain JAX, and wrong in the way ports are:
 
 * ``parameter``: a constant of the computation differs: another
   normalization epsilon (a framework's default where the model set its
-  own), the unbiased variance where the model uses the biased one, a
+  own, or added to the standard deviation instead of the variance), the
+  unbiased variance where the model uses the biased one, a
   softmax temperature, a missing or doubled ``1/sqrt(d)`` in attention;
 * ``approximation``: another closed form of the same function: GELU's tanh
   form where the model uses erf, a fast exponential, an approximate
@@ -41,6 +42,17 @@ def layer_norm_eps(x: jax.Array, scale: jax.Array, bias: jax.Array,
   del eps
   mean, var = _moments(x)
   return (x - mean) * lax.rsqrt(var + port_eps) * scale + bias
+
+
+def layer_norm_eps_std(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                       eps: float = 1e-6, *, port_eps: float = 1e-5
+                       ) -> jax.Array:
+  """Layer norm with the epsilon added to the standard deviation,
+  ``(x - mean) / (sqrt(var) + eps)``, where the model adds it to the
+  variance (some TensorFlow and hand-written kernels do)."""
+  del eps
+  mean, var = _moments(x)
+  return (x - mean) / (jnp.sqrt(var) + port_eps) * scale + bias
 
 
 def layer_norm_unbiased(x: jax.Array, scale: jax.Array, bias: jax.Array,
@@ -130,6 +142,7 @@ PORTS: types.MappingProxyType = types.MappingProxyType({
     "layer_norm": types.MappingProxyType({
         "eps_1e-5": functools.partial(layer_norm_eps, port_eps=1e-5),
         "eps_1e-3": functools.partial(layer_norm_eps, port_eps=1e-3),
+        "eps_in_std": layer_norm_eps_std,
         "unbiased_var": layer_norm_unbiased,
         "fast_rsqrt": layer_norm_fast_rsqrt,
     }),
