@@ -14,7 +14,8 @@ GELU ``(x)``), computed in plain JAX, and wrong in the way ports are:
   form where the model uses erf, a fast exponential, an approximate
   reciprocal or reciprocal square root refined by one Newton step.
 
-They run anywhere a KUT does (``peat.register_kut``, a ``py:`` spec) and
+:data:`BENIGN_PORTS` are correct ports that only sum in another order (the
+Detector must pass them). They run anywhere a KUT does (``peat.register_kut``, a ``py:`` spec) and
 are the port-mismatch cases of the Detector's calibration.
 :data:`EXPECTED_ERROR_MODEL` names the model the Detector should name.
 """
@@ -136,6 +137,32 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
   """GELU's tanh approximation where the model uses the exact erf form."""
   return jax.nn.gelu(x, approximate=True)
 
+
+def dot_general_split_k_edge(lhs: jax.Array, rhs: jax.Array, *,
+                             dimension_numbers, precision=None,
+                             preferred_element_type=None, tile: int = 16,
+                             **unused) -> jax.Array:
+  """A correct ``dot_general`` port whose last partial column tile (the
+  output columns past the last multiple of ``tile``) sums its K terms in
+  two halves, as a split-K kernel's edge path does: rounding-level error
+  confined to the last columns. Benign: the Detector must pass it."""
+  del unused, precision, preferred_element_type
+  out = lax.dot_general(lhs, rhs, dimension_numbers)
+  (lc, rc), _ = dimension_numbers
+  if out.ndim != 2 or len(lc) != 1 or out.shape[1] % tile == 0:
+    return out
+  k, w = lhs.shape[lc[0]], out.shape[1] % tile
+  part = lambda a, b: lax.dot_general(
+      lax.slice_in_dim(lhs, a, b, axis=lc[0]),
+      lax.slice_in_dim(rhs, a, b, axis=rc[0]), dimension_numbers)
+  edge = part(0, k // 2) + part(k // 2, k)
+  return out.at[:, -w:].set(edge[:, -w:])
+
+
+#: name -> (site kernel, a benign port: another summation order only).
+BENIGN_PORTS: types.MappingProxyType = types.MappingProxyType({
+    "split_k_edge": ("dot_general", dot_general_split_k_edge),
+})
 
 #: kind -> name -> the port-mismatch KUT (reference composite signature).
 PORTS: types.MappingProxyType = types.MappingProxyType({

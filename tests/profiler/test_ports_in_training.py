@@ -11,9 +11,9 @@ partial last tile sums its K terms in two halves, must pass.
 import functools
 
 import jax
-from jax import lax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 import optax
 import pytest
 
@@ -23,35 +23,28 @@ from peat_jax.models import layers
 
 pytestmark = pytest.mark.slow  # six KUTs compiled and played: ~1 minute
 
-_TX = optax.adam(1e-2)
+class _Model(nnx.Module):
+  """Dense, layer norm, GELU, softmax gating, a 40-class head."""
 
+  def __init__(self, rngs):
+    key = rngs.params()
+    k1, k2, k3 = jax.random.split(key, 3)
+    self.w1 = nnx.Param(0.15 * jax.random.normal(k1, (24, 96)))
+    self.scale = nnx.Param(1.0 + 0.1 * jax.random.normal(k2, (96,)))
+    self.bias = nnx.Param(jnp.zeros((96,)))
+    self.w2 = nnx.Param(0.2 * jax.random.normal(k3, (96, 40)))
 
-def _step(state, batch):
-  def loss_fn(p):
-    h = batch["x"] @ p["w1"]
-    h = layers.layer_norm(h, p["scale"], p["bias"])
+  def __call__(self, x):
+    h = layers.layer_norm(x @ self.w1[...], self.scale[...],
+                          self.bias[...])
     h = layers.gelu(h)
     h = h * layers.softmax(h)
-    logp = jax.nn.log_softmax(h @ p["w2"])
-    return -jnp.mean(jnp.take_along_axis(logp, batch["y"][:, None], 1))
-
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  updates, opt = _TX.update(grads, state.opt_state, state.params)
-  return (state._replace(step=state.step + 1,
-                         params=optax.apply_updates(state.params, updates),
-                         opt_state=opt,
-                         data_position=state.data_position + 1),
-          {"loss": loss, "grad_norm": optax.tree.norm(grads),
-           "update_norm": optax.tree.norm(updates)})
+    return h @ self.w2[...]
 
 
-def _init(seed):
-  rng = np.random.default_rng(seed)
-  f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)
-  params = {"w1": 0.15 * f(24, 96), "scale": 1.0 + 0.1 * f(96),
-            "bias": 0.1 * f(96), "w2": 0.2 * f(96, 40)}
-  return peat.TrainState(jnp.zeros((), jnp.int32), params, _TX.init(params),
-                         jax.random.PRNGKey(seed), jnp.zeros((), jnp.int32))
+def _loss(model, batch):
+  logp = jax.nn.log_softmax(model(batch["x"]))
+  return -jnp.mean(jnp.take_along_axis(logp, batch["y"][:, None], 1))
 
 
 def _batch(position):
@@ -60,28 +53,9 @@ def _batch(position):
           "y": rng.integers(0, 40, 32).astype(np.int32)}
 
 
-TASK = peat.TrainTask(
-    name="ports_task", config={"batch": 32}, init_state=_init, step_fn=_step,
-    train_step=jax.jit(_step), batch_at=_batch, evaluate=lambda state: {},
-    default_steps=6, default_checkpoint_every=3, model_fn=None)
-
-
-def _split_k_dot(lhs, rhs, *, dimension_numbers, precision=None,
-                 preferred_element_type=None, **unused):
-  """A correct matmul whose last partial 16-column tile sums its K terms
-  in two halves (as a split-K kernel's edge path does)."""
-  del unused, precision, preferred_element_type
-  out = lax.dot_general(lhs, rhs, dimension_numbers)
-  (lc, rc), _ = dimension_numbers
-  if out.ndim != 2 or len(lc) != 1 or out.shape[1] % 16 == 0:
-    return out
-  k, w = lhs.shape[lc[0]], out.shape[1] % 16
-  h = k // 2
-  part = lambda s: lax.dot_general(
-      lax.slice_in_dim(lhs, s.start, s.stop, axis=lc[0]),
-      lax.slice_in_dim(rhs, s.start, s.stop, axis=rc[0]), dimension_numbers)
-  edge = part(slice(0, h)) + part(slice(h, k))
-  return out.at[:, -w:].set(edge[:, -w:])
+TASK = peat.nnx_task(_Model, optax.adam(1e-2), _loss, _batch,
+                     name="ports_task", default_steps=6,
+                     default_checkpoint_every=3)
 
 
 KUTS = {
@@ -95,7 +69,8 @@ KUTS = {
     "test:gelu_tanh": (ports.gelu_tanh, "gelu", "approximation"),
     "test:softmax_fast_exp": (ports.softmax_fast_exp, "softmax",
                               "approximation"),
-    "test:split_k_edge": (_split_k_dot, "dot_general", None),
+    "test:split_k_edge": (ports.dot_general_split_k_edge, "dot_general",
+                          None),
 }
 for _name, (_fn, _kernel, _) in KUTS.items():
   peat.register_kut(_name, _fn, kernel=_kernel)
