@@ -43,7 +43,7 @@ import numpy as np
 from peat_jax import core as _core
 from peat_jax.analyzer._api import analyze
 from peat_jax.analyzer._references import reference_gelu
-from peat_jax.injectors._rounding import round_nearest
+from peat_jax.injectors import round_nearest
 
 #: A hypothesis explains the output when the median ratio of the distance
 #: to it over the distance to the model's own float64 reference is at most

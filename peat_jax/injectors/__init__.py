@@ -25,6 +25,7 @@ from peat_jax.injectors._checks import ERROR_MODELS as ERROR_MODELS
 from peat_jax.injectors._checks import FORMATS as FORMATS
 from peat_jax.injectors._checks import TENSOR_ERROR_MODELS as TENSOR_ERROR_MODELS
 from peat_jax.injectors._kernel import injecting_kernel as injecting_kernel
+from peat_jax.injectors._rounding import round_nearest as round_nearest
 from peat_jax.injectors._trees import InjectGradientsState as InjectGradientsState
 from peat_jax.injectors._trees import inject_gradients as inject_gradients
 from peat_jax.injectors._trees import inject_tree as inject_tree
