@@ -4,10 +4,12 @@ Private modules: ``_facts`` (floating-point facts, the Candidate and
 Diagnosis types, the numbers the rules share), ``_rules`` (structural
 faults), ``_rounding`` (dense rounding-level errors), ``_detect`` (the
 ranking of the rules' candidates into a diagnosis), ``_verdict`` (one
-verdict over many records) and ``_calibration`` (confusion matrices on
-errors of known cause), ``_composed`` (faults planted on a real port's own
-noise, and port mismatches), ``_outliers`` (faults read on the outliers of
-the noise-aware decomposition), ``_ports`` (another constant or closed
+verdict over many records), ``_training`` (training-level rules: a noise
+ratio rising over the checkpoints, weights moved beyond the bf16 proxy),
+``_calibration`` (confusion matrices on errors of known cause),
+``_composed`` (faults planted on a real port's own noise, and port
+mismatches), ``_outliers`` (faults read on the outliers of the
+noise-aware decomposition), ``_ports`` (another constant or closed
 form). docs/detector.md lists every rule with its
 derivation.
 """
@@ -30,6 +32,11 @@ from peat_jax.detector._facts import PRECISION_MODELS as PRECISION_MODELS
 from peat_jax.detector._facts import Candidate as Candidate
 from peat_jax.detector._facts import Diagnosis as Diagnosis
 from peat_jax.detector._facts import host_signature as host_signature
+from peat_jax.detector._training import BF16_PROXY_LIMIT as BF16_PROXY_LIMIT
+from peat_jax.detector._training import TREND_FACTOR as TREND_FACTOR
+from peat_jax.detector._training import TREND_MIN_STEPS as TREND_MIN_STEPS
+from peat_jax.detector._training import noise_trend as noise_trend
+from peat_jax.detector._training import weights_verdict as weights_verdict
 from peat_jax.detector._verdict import FAIL_ON as FAIL_ON
 from peat_jax.detector._verdict import LOCALIZE_NOISE_RATIO as LOCALIZE_NOISE_RATIO
 from peat_jax.detector._verdict import VERDICTS as VERDICTS

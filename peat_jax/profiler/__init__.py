@@ -11,6 +11,11 @@ a training flow and collects model states. Private modules:
 * ``_site_records``, ``_player``, ``_playback``: playback FI (a checkpoint's
   records, the jitted pair of steps, the driver over checkpoints);
 * ``_runtime``: runtime FI at a frequency against the golden trajectory;
+* ``_weights``, ``_significance``: the runs' weight distances to the golden
+  trajectory, the bf16-proxy step, and the distances in units of the seed
+  and bf16 yardsticks (training-level significance);
+* ``_provenance``: what a verdict covers (KUT content hash, platform,
+  versions, the sites' shapes and dtypes), ``provenance.json``;
 * ``_capture``, ``_capture_io``, ``_oplevel``: golden profiles with
   captured site inputs, and op-level playback on them;
 * ``_monitor``: a KUT inside a user's own training loop;
@@ -105,6 +110,8 @@ from peat_jax.profiler._results import CampaignResults as CampaignResults
 from peat_jax.profiler._results import CampaignVerdict as CampaignVerdict
 from peat_jax.profiler._results import EffectRecord as EffectRecord
 from peat_jax.profiler._results import Finding as Finding
+from peat_jax.profiler._results import Provenance as Provenance
 from peat_jax.profiler._results import RuntimeRun as RuntimeRun
 from peat_jax.profiler._results import SiteRecord as SiteRecord
 from peat_jax.profiler._results import read_campaign as read_campaign
+from peat_jax.profiler._weights import distances as weight_distances

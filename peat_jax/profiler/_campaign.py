@@ -26,6 +26,7 @@ from peat_jax.profiler import _campaign_report
 from peat_jax.profiler import _layout
 from peat_jax.profiler import _golden
 from peat_jax.profiler import _isolate
+from peat_jax.profiler import _provenance
 from peat_jax import report as _report
 from peat_jax.core import PeatError
 # Re-exported: the campaign layers, reachable from one module.
@@ -265,6 +266,7 @@ def validate(task: TrainTask | TaskFactory,
     g = _golden.golden_train(task, os.path.join(directory, _layout.GOLDEN_DIR),
                              steps=steps, checkpoint_every=checkpoint_every,
                              seed=seed, resume=True, evaluate=False)
+    _provenance.record(task, g.checkpoint_dir, spec, select, directory)
     iso = (f" (isolated: worker processes, {timeout_s:g} s per unit, "
            f"{memory_limit_mb} MiB)" if isolated else "")
     limits = dict(timeout_s=timeout_s, startup_s=startup_s,

@@ -4,7 +4,7 @@
 records, playback effects and runtime runs; :func:`load_report_data` reads
 them from a campaign directory (``campaign.json``, ``playback.msgpack``,
 ``ops.msgpack``, ``runtime.msgpack``, the crash findings of isolated runs,
-``golden/run.json``) and
+``golden/run.json``, ``provenance.json``) and
 :func:`rebuild_report` rewrites ``report.html`` / ``report.json`` from them,
 so a report can be remade without rerunning anything (after an interrupted
 campaign, after op-level playback, or with another KUT of the same files).
@@ -22,6 +22,7 @@ from peat_jax.core import PeatError
 from peat_jax.profiler._oplevel import OPS_FILE
 from peat_jax.profiler import _records
 from peat_jax.profiler import _isolated
+from peat_jax.profiler import _provenance
 from peat_jax.profiler import _runtime
 
 SOURCES = ("auto", "playback", "ops")
@@ -57,7 +58,7 @@ def _runtime_runs(records: Sequence[dict], kut: str, settings: dict,
   group = [r for r in recs if r["n"] == n and r["start"] == start]
   freqs = (settings["frequencies"].split(",") if settings.get("frequencies")
            else [r["name"] for r in group
-                 if r["name"] not in ("golden", "spread")])
+                 if r["name"] not in _runtime.REFERENCE_RUNS])
   result = _runtime.runtime_result(group, freqs, n, start)
   if not result.runs:
     return None, None
@@ -81,6 +82,8 @@ class CampaignFiles(NamedTuple):
     runtime_spread: the seed-to-seed spread, or None.
     scenario: the scenario's label.
     backward: the campaign's backward setting of the records read.
+    provenance: what the records cover (the report's ``provenance``:
+      ``provenance.json`` joined with the records).
   """
 
   directory: str
@@ -96,6 +99,7 @@ class CampaignFiles(NamedTuple):
   runtime_spread: dict | None
   scenario: str
   backward: str
+  provenance: dict
 
 
 def read_campaign_files(directory: str | os.PathLike, *,
@@ -165,8 +169,10 @@ def read_campaign_files(directory: str | os.PathLike, *,
       settings, backward)
   scenario = settings.get("scenario") or run.get("task") or "unknown"
   sites.sort(key=lambda r: r["step"])
+  prov = _provenance.provenance(_provenance.read(d), kut, sites, rt,
+                                backward=backward)
   return CampaignFiles(d, settings, run, source, kut, kuts, sites, effects,
-                       findings, rt, spread, scenario, backward)
+                       findings, rt, spread, scenario, backward, prov)
 
 
 def report_data_of(files: CampaignFiles) -> dict:
@@ -183,7 +189,7 @@ def report_data_of(files: CampaignFiles) -> dict:
       kut=files.kut, scenario=files.scenario, records=files.sites,
       sites=_order(files.sites), effects=files.effects, runtime=files.runtime,
       runtime_spread=files.runtime_spread, findings=files.findings,
-      settings=shown, title=title)
+      settings=shown, title=title, provenance=files.provenance)
 
 
 def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,

@@ -21,7 +21,9 @@ from jax.sharding import PartitionSpec as P
 
 from peat_jax.profiler import _layout
 from peat_jax.profiler import _runtime
+from peat_jax.profiler import _weights
 from peat_jax import sites as _sites
+from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.profiler._checkpoint_local import restore_on
 from peat_jax.core import PeatError
 from peat_jax.profiler._player import select_calls
@@ -222,7 +224,9 @@ def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
   the golden kernels (the loss mean and the gradients become cross-device
   reductions) and the KUT runs on each device's shard (:func:`shard_kut`).
   Records go to ``runtime_data_parallel.msgpack`` (with the device count);
-  finished frequencies there are skipped.
+  finished frequencies there are skipped. Weight distances and the bf16
+  proxy are recorded as by :func:`peat_jax.runtime` (the golden
+  checkpoints are restored replicated over the mesh).
 
   Cross-device reductions sum in another order than one device does, so
   losses are close to, not bitwise equal to, :func:`peat_jax.runtime`'s;
@@ -288,9 +292,15 @@ def data_parallel_runtime(task: TrainTask, golden_dir: str | os.PathLike,
     return _dp_step(_sites.substitute(
         task.step_fn, subs[0]._replace(schedule=sched)), mesh)
 
+  weights = _weights.probe(
+      task.step_fn, lambda fn: _dp_step(fn, mesh), saved=saved_steps(ckpt),
+      start_step=start_step, steps=steps,
+      restore=lambda s: restore_on(ckpt, task, s, repl), state=state0,
+      batch=batch_at(int(state0.data_position)))
   return _runtime.run_frequencies(
       scheds, byname=byname, keep=keep,
       golden_step=_dp_step(task.step_fn, mesh),
       fresh_state=lambda seed: jax.device_put(task.init_state(seed), repl),
       state0=state0, batch_at=batch_at, steps=steps, start_step=start_step,
-      seeds=seeds, kut_step=kut_step, say=say, where=f" on {n} devices")
+      seeds=seeds, kut_step=kut_step, say=say, where=f" on {n} devices",
+      weights=weights)

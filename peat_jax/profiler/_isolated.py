@@ -312,7 +312,8 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
     select: narrow the spec's sites.
     timeout_s: time limit of one frequency.
     startup_s: extra time for a worker's first frequency (it also trains
-      the golden trajectory and the spread when they are missing).
+      the golden trajectory, the spread and the bf16 proxy when they are
+      missing).
     memory_limit_mb: a worker's resident memory limit (None: none).
     progress: called with one line per frequency.
     backward: as for :func:`peat_jax.runtime`.
@@ -378,9 +379,10 @@ def isolated_runtime(factory: TaskFactory, golden_dir: str | os.PathLike,
       if f is None:
         raise PeatError(f"the runtime worker died before running a "
                         f"frequency: {w.death.message}")
-      # The golden trajectory and spread it finished before dying are good.
+      # The references (golden trajectory, spread, bf16 proxy) it finished
+      # before dying are good.
       keep([r for r in read_records(os.path.join(tmp, RUNTIME_FILE))
-            if r["name"] in ("golden", "spread")])
+            if r["name"] in _runtime.REFERENCE_RUNS])
       d = w.death
       keep([tag_backward(
           {"kut": kut_spec, "n": steps, "start": start_step, "name": f,

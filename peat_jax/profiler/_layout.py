@@ -3,6 +3,8 @@
 A campaign is one directory (docs/campaign.md)::
 
   <campaign>/campaign.json        settings; another campaign's settings -> error
+  <campaign>/provenance.json      what ran: KUT (content hash), platform,
+                                  versions, the sites' shapes and dtypes
   <campaign>/.lock                fcntl lock: one writer at a time
   <campaign>/golden/              golden run (peat.golden_train):
       run.json                    what was run (task, config, seed, budget)
@@ -31,6 +33,7 @@ from peat_jax.report import HTML_NAME as REPORT_HTML
 from peat_jax.report import JSON_NAME as REPORT_JSON
 
 SETTINGS_FILE = "campaign.json"
+PROVENANCE_FILE = "provenance.json"
 LOCK_FILE = ".lock"
 GOLDEN_DIR = "golden"
 PLAYBACK_FILE = "playback.msgpack"
@@ -98,7 +101,7 @@ def campaign_dirs(golden_dir: str | os.PathLike,
   return CampaignDirs(golden, checkpoint_dir_of(golden), campaign)
 
 
-__all__ = ["checkpoint_dir_of", "campaign_dirs", "CampaignDirs", "REPORT_HTML", "REPORT_JSON", "SETTINGS_FILE", "LOCK_FILE",
+__all__ = ["checkpoint_dir_of", "campaign_dirs", "CampaignDirs", "REPORT_HTML", "REPORT_JSON", "SETTINGS_FILE", "PROVENANCE_FILE", "LOCK_FILE",
            "GOLDEN_DIR", "PLAYBACK_FILE", "RUNTIME_FILE", "RUNTIME_DP_FILE",
            "CRASH_FILE", "CAPTURE_DIR", "CAPTURE_INDEX_FILE", "OPS_FILE",
            "SHARD_DIR", "ISOLATE_TMP_DIR", "MONITOR_FILE", "RUN_FILE",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from peat_jax import report as _report
 from peat_jax.core import PeatError
 from peat_jax.profiler import _campaign_report
 
@@ -139,6 +140,58 @@ class CampaignVerdict(NamedTuple):
   localization: dict | None
 
 
+class Provenance(NamedTuple):
+  """What a campaign's verdict covers, and nothing else (docs/profiler.md).
+
+  Attributes:
+    kut: the KUT: ``spec``, ``source``, ``kernel``, ``variant``, ``tile``,
+      ``site_kernel`` and ``content`` (``{"sha256", "files"}``, the hash of
+      its library or module; None for the golden kernel). Only ``spec``
+      when the campaign has no ``provenance.json``.
+    platform: backend, device kind and count, visible cores, OS, Python
+      (empty when not recorded).
+    versions: peat_jax, jax, jaxlib, ... and ``xla_flags`` (those known
+      to change numerics), ``xla_flags_other`` (empty when not recorded).
+    sites: per site ``{"site", "kernel", "phase", "in_shapes",
+      "in_dtypes"}`` (shapes and dtypes of the inputs exercised; a site
+      only in the records has no shapes).
+    phases: ``fwd``, ``bwd``: the phases the KUT ran in.
+    backward: ``"kut"`` (its VJP at the backward sites) or ``"golden"``.
+    checkpoint_steps: the playback checkpoints with records.
+    frequencies: the runtime FI frequencies that ran.
+    runtime_steps: the first and last runtime FI step, or None.
+    earlier: the platforms and versions of earlier sessions of a resumed
+      campaign.
+    covers: the statement in words ("A pass covers exactly this and
+      nothing else: ...").
+  """
+
+  kut: dict
+  platform: dict
+  versions: dict
+  sites: tuple
+  phases: tuple
+  backward: str
+  checkpoint_steps: tuple
+  frequencies: tuple
+  runtime_steps: tuple | None
+  earlier: tuple
+  covers: str
+
+
+def _provenance(p: dict) -> Provenance:
+  steps = p.get("runtime_steps")
+  return Provenance(
+      dict(p["kut"]), dict(p.get("platform") or {}),
+      dict(p.get("versions") or {}),
+      tuple(dict(s) for s in p.get("sites") or ()),
+      tuple(p.get("phases") or ()), p.get("backward") or "golden",
+      tuple(p.get("checkpoint_steps") or ()),
+      tuple(p.get("frequencies") or ()),
+      tuple(steps) if steps is not None else None,
+      tuple(p.get("earlier") or ()), _report.covers_sentence(p))
+
+
 class CampaignResults(NamedTuple):
   """A campaign directory's settings, records and verdict (read_campaign).
 
@@ -154,6 +207,7 @@ class CampaignResults(NamedTuple):
     runtime: the runtime FI runs.
     crashes: the crash and hang findings.
     verdict: the verdict, with its summary and localization.
+    provenance: what the verdict covers (:class:`Provenance`).
     report: the report data (docs/report.md), as ``report.json`` has it.
   """
 
@@ -167,6 +221,7 @@ class CampaignResults(NamedTuple):
   runtime: tuple
   crashes: tuple
   verdict: CampaignVerdict
+  provenance: Provenance
   report: dict
 
   def sites(self) -> list[str]:
@@ -268,4 +323,5 @@ def read_campaign(directory: str | os.PathLike, *, kut: str | None = None,
       files.directory, files.kut, files.scenario, dict(files.settings),
       files.source, tuple(playback), effects,
       tuple(_run(r) for r in data.get("runtime") or ()),
-      tuple(_finding(f) for f in files.findings), verdict, data)
+      tuple(_finding(f) for f in files.findings), verdict,
+      _provenance(files.provenance), data)

@@ -3,7 +3,11 @@
 Each frequency (every call, every n-th step, a seeded fraction of calls)
 trains from a golden checkpoint with the KUT substituted; losses are
 compared with the golden trajectory against the golden run's own
-seed-to-seed spread, and the first divergent step is reported.
+seed-to-seed spread, and the first divergent step is reported. At the saved
+golden steps inside the window every run's weights are compared with the
+golden ones, next to the same distance of the seed-to-seed runs and of a
+bf16-proxy run (:mod:`peat_jax.profiler._weights`): the training-level
+significance of the KUT (:mod:`peat_jax.profiler._significance`).
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ import numpy as np
 
 from peat_jax.profiler import _layout
 from peat_jax.profiler import _golden
+from peat_jax.profiler import _significance
+from peat_jax.profiler import _weights
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
+from peat_jax.profiler._checkpoint import saved_steps
 from peat_jax.profiler._player import select_calls
 from peat_jax.profiler._records import (
     RUNTIME_FILE, append_records, of_campaign, read_records, tag_backward)
@@ -50,11 +57,20 @@ def parse_frequency(freq: str) -> tuple[Any, str]:
                   "'every_4', 'fraction_0.25'")
 
 
-def _train(step, state, batch_at, n: int) -> list[float]:
+#: Record names of runtime FI's references: the golden trajectory, the
+#: golden seed-to-seed spread and the bf16-proxy run (not frequencies).
+REFERENCE_RUNS = ("golden", "spread", "bf16")
+
+
+def _train(step, state, batch_at, n: int,
+           watch: Callable[[int, Any], None] | None = None) -> list[float]:
+  """Trains ``n`` steps: the losses; ``watch(count, params)`` after each."""
   losses = []
-  for _ in range(n):
+  for i in range(n):
     state, m = step(state, batch_at(int(state.data_position)))
     losses.append(float(m["loss"]))
+    if watch is not None:
+      watch(i + 1, state.params)
   return losses
 
 
@@ -108,13 +124,15 @@ def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
                     golden_step: Callable, fresh_state: Callable[[int], Any],
                     state0, batch_at: Callable, steps: int, start_step: int,
                     seeds: Sequence[int], kut_step: Callable[[Any], Callable],
-                    say: Callable[[str], None], where: str = ""
+                    say: Callable[[str], None], where: str = "",
+                    weights: "_weights.WeightProbe | None" = None
                     ) -> RuntimeResult:
   """The runtime FI loop shared by :func:`runtime` and data-parallel runs.
 
   Trains the golden trajectory and the seed-to-seed spread (unless
-  recorded), then each frequency not yet recorded, and keeps each result
-  as soon as it exists.
+  recorded), the bf16 proxy (with ``weights``, unless recorded or no
+  frequency is left to run), then each frequency not yet recorded, and
+  keeps each result as soon as it exists.
 
   Args:
     scheds: ``(name, schedule, label)`` per frequency.
@@ -131,36 +149,67 @@ def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
       schedule (built only for frequencies still to run).
     say: progress lines.
     where: appended to a frequency's label in its progress line.
+    weights: records the weight distances at its saved steps (and trains
+      the bf16 proxy); None: losses only.
 
   Returns:
     A :class:`RuntimeResult`.
   """
+  counts = [s - start_step for s in weights.steps] if weights else []
+
+  def train(step, state, reference=None) -> tuple[list[float], dict | None]:
+    if weights is None:
+      return _train(step, state, batch_at, steps), None
+    tr = _weights.Tracker(counts, reference or (
+        lambda c: weights.golden(start_step + c)), offset=start_step)
+    return _train(step, state, batch_at, steps, tr.see), tr.record()
+
   if "golden" not in byname:
-    keep("golden", {"loss": _train(golden_step, state0, batch_at, steps)})
+    loss, w = train(golden_step, state0)
+    keep("golden", {"loss": loss, "weights": w})
   golden = byname["golden"]["loss"]
   if "spread" not in byname:
-    seed_losses = [_train(golden_step, fresh_state(seed), batch_at, steps)
-                   for seed in seeds]
-    base = (golden if start_step == 0 else
-            _train(golden_step, fresh_state(0), batch_at, steps))
+    base_params: dict = {}  # the seed-0 run's weights at the saved counts
+
+    def keep_base(count: int, params) -> None:
+      if count in counts:
+        base_params[count] = params
+
+    if start_step == 0:
+      base, ref = golden, None  # golden: the checkpoints themselves
+    else:
+      base = _train(golden_step, fresh_state(0), batch_at, steps, keep_base)
+      ref = base_params.__getitem__
+    runs = [train(golden_step, fresh_state(seed), ref) for seed in seeds]
     sp = np.max([np.abs(np.asarray(l) - np.asarray(base))
-                 for l in seed_losses], axis=0).tolist()
-    keep("spread", {"loss": sp})
+                 for l, _ in runs], axis=0).tolist()
+    keep("spread", {"loss": sp, "weights": _weights.worst(
+        [w for _, w in runs])})
   spread = byname["spread"]["loss"]
   env = envelope(spread)
   step_ids = list(range(start_step, start_step + steps))
+  todo = [f for f, _, _ in scheds if f not in byname]
+  if weights is not None and "bf16" not in byname and todo:
+    t0 = time.perf_counter()
+    loss, w = train(weights.bf16_step(), state0)
+    keep("bf16", {"loss": loss, "label": _significance.BF16_LABEL,
+                  "weights": w})
+    say(f"{_significance.BF16_LABEL}{where}: {steps} steps, final loss "
+        f"{loss[-1]:.6g} (golden {golden[-1]:.6g}), the yardstick of the "
+        f"weight distances ({time.perf_counter() - t0:.1f} s)")
   for f, sched, label in scheds:
     if f not in byname:
       t0 = time.perf_counter()
-      loss = _train(kut_step(sched), state0, batch_at, steps)
+      loss, w = train(kut_step(sched), state0)
       at, why = divergence(loss, golden, env)
       keep(f, {"loss": loss, "label": label,
                "diverged_at": None if at is None else step_ids[at],
-               "reason": why})
+               "reason": why, "weights": w})
       say(f"runtime {label}{where}: {steps} steps, final loss "
           f"{loss[-1]:.6g} (golden {golden[-1]:.6g}), "
           + (f"diverged at step {step_ids[at]}: {why}" if at is not None
              else "no divergence")
+          + _significance.progress_note(byname, f)
           + f" ({time.perf_counter() - t0:.1f} s)")
   return runtime_result(list(byname.values()), [f for f, _, _ in scheds],
                         steps, start_step)
@@ -183,11 +232,14 @@ def runtime_result(records: Sequence[dict], frequencies: Sequence[str],
   Returns:
     A :class:`RuntimeResult`. A crashed frequency (process isolation) has
     ``crashed: True``, empty ``steps``, ``loss`` and ``golden_loss``, and
-    the crash in ``reason``.
+    the crash in ``reason``. A run with weight distances has
+    ``significance`` (:func:`peat_jax.profiler._significance.significance`);
+    the spread has ``bf16_loss`` when the bf16 proxy ran.
   """
   byname = {r["name"]: r for r in records}
   golden = byname.get("golden", {}).get("loss", [])
   spread = byname.get("spread", {}).get("loss", [])
+  bf16 = byname.get("bf16", {})
   step_ids = list(range(start_step, start_step + steps))
   runs = []
   for f in frequencies:
@@ -195,14 +247,21 @@ def runtime_result(records: Sequence[dict], frequencies: Sequence[str],
       continue
     r = byname[f]
     crashed = r.get("crash") is not None
-    runs.append({"frequency": r["label"],
-                 "steps": [] if crashed else step_ids, "loss": r["loss"],
-                 "golden_loss": [] if crashed else golden,
-                 "diverged_at": r["diverged_at"], "reason": r["reason"],
-                 "crashed": crashed})
-  return RuntimeResult(
-      runs, {"steps": step_ids if spread else [], "loss_spread": spread},
-      golden)
+    run = {"frequency": r["label"],
+           "steps": [] if crashed else step_ids, "loss": r["loss"],
+           "golden_loss": [] if crashed else golden,
+           "diverged_at": r["diverged_at"], "reason": r["reason"],
+           "crashed": crashed}
+    sig = _significance.significance(
+        r.get("weights"), byname.get("spread", {}).get("weights"),
+        bf16.get("weights"))
+    if sig is not None:
+      run["significance"] = sig
+    runs.append(run)
+  out = {"steps": step_ids if spread else [], "loss_spread": spread}
+  if spread and len(bf16.get("loss") or []) == len(spread):
+    out["bf16_loss"] = bf16["loss"]
+  return RuntimeResult(runs, out, golden)
 
 
 def runtime(task: TrainTask, golden_dir: str | os.PathLike,
@@ -222,7 +281,10 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
   per frequency); the golden trajectory is retrained from the same state.
   The golden seed-to-seed spread comes from fresh runs with ``seeds`` (same
   steps, from ``task.init_state(seed)``); its running-max envelope sets the
-  divergence threshold (:func:`divergence`). Finished frequencies in
+  divergence threshold (:func:`divergence`). At the golden run's saved
+  steps inside the window, every run's weights are compared with the
+  golden checkpoint there, and a bf16-proxy run is trained as a yardstick
+  (:mod:`peat_jax.profiler._weights`). Finished frequencies in
   ``runtime.msgpack`` are skipped.
 
   With ``backward="kut"`` the KUT's VJP runs at the backward sites of the
@@ -249,6 +311,10 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
   byname = {r["name"]: r for r in old}
   scheds = [(f, *parse_frequency(f)) for f in frequencies]
   state0 = _golden.restore_state(ckpt, task, start_step)
+  weights = _weights.probe(
+      task.step_fn, jax.jit, saved=saved_steps(ckpt), start_step=start_step,
+      steps=steps, restore=lambda s: _golden.restore_state(ckpt, task, s),
+      state=state0, batch=task.batch_at(int(state0.data_position)))
 
   def keep(name, rec):
     rec = tag_backward({"kut": kut_spec, "n": steps, "start": start_step,
@@ -272,4 +338,4 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
       scheds, byname=byname, keep=keep, golden_step=task.train_step,
       fresh_state=task.init_state, state0=state0, batch_at=task.batch_at,
       steps=steps, start_step=start_step, seeds=seeds, kut_step=kut_step,
-      say=say)
+      say=say, weights=weights)

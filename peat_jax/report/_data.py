@@ -19,6 +19,7 @@ from peat_jax import analyzer as _analyzer
 from peat_jax import core as _core
 from peat_jax import detector as _detector
 from peat_jax.core import PeatError
+from peat_jax.report import _training
 from peat_jax.report._html import finding_cause
 
 
@@ -65,6 +66,8 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
         "ulp_hist": ulp.tolist(), "bits_xor": bits.tolist(),
         "mantissa_bits": fmt.mantissa_bits,
         "exponent_bits": fmt.exponent_bits})
+  for entry, trend in zip(out, _training.site_trends(out)):
+    entry["noise_trend"] = trend
   return out
 
 
@@ -74,12 +77,18 @@ def _json_ratios(r: dict) -> dict:
           for k, v in r.items()}
 
 
-def verdict_data(diags: dict, findings: Sequence[dict]) -> dict:
+def verdict_data(diags: dict, findings: Sequence[dict],
+                 runtime: Sequence[dict] | None = None) -> dict:
   """The report's verdict: the Detector's, failed by crash/hang findings.
+
+  Runtime runs with a ``significance`` add a sentence on how far the KUT
+  moves the weights; beyond the bf16 proxy a ``pass`` becomes ``warn``
+  (``peat_jax.report._training.with_significance``).
 
   Args:
     diags: ``{(site, step): Diagnosis}`` of the playback records.
     findings: crash and hang findings of process isolation.
+    runtime: the report's runtime runs (None: none).
 
   Returns:
     The report schema's ``verdict`` mapping.
@@ -87,6 +96,12 @@ def verdict_data(diags: dict, findings: Sequence[dict]) -> dict:
   Raises:
     PeatError: neither a diagnosis nor a finding.
   """
+  return _training.with_significance(_record_verdict(diags, findings),
+                                     runtime)
+
+
+def _record_verdict(diags: dict, findings: Sequence[dict]) -> dict:
+  """The verdict of playback records and findings (see verdict_data)."""
   v = _detector.verdict(diags) if diags else None
   if not findings:
     if v is None:
@@ -159,11 +174,21 @@ def summary_table(data: dict) -> str:
                  f" (golden {r['golden_loss'][-1]:.5g}): "
                  + (f"diverged at step {r['diverged_at']} ({r['reason']})"
                     if r["diverged_at"] is not None else "no divergence"))
+    if r.get("significance"):
+      lines.append(f"  {'':<32} "
+                   + _training.significance_sentence(r["significance"]))
+  for s in data["sites"]:
+    line = _training.trend_sentence(s)
+    if line:
+      lines.append(f"  rising: {line}")
   crashes = data.get("crashes") or []
   if crashes:
     lines.append(f"  crash and hang findings ({len(crashes)}):")
     for f in crashes:
       lines.append(f"    {finding_line(f)}")
+  if data.get("provenance"):
+    lines += ["  provenance: " + line
+              for line in _training.provenance_lines(data["provenance"])]
   return "\n".join(lines)
 
 
@@ -182,7 +207,8 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
                 runtime_spread: dict | None = None,
                 findings: Sequence[dict] = (),
                 settings: dict | None = None,
-                title: str | None = None) -> dict:
+                title: str | None = None,
+                provenance: dict | None = None) -> dict:
   """The report data (docs/report.md schema) of one KUT's records.
 
   Args:
@@ -197,6 +223,8 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
       the verdict).
     settings: shown in the report's settings table.
     title: default ``"peat_jax validation: <kut> on <scenario>"``.
+    provenance: what the verdict covers (docs/report.md ``provenance``),
+      or None.
 
   Returns:
     The data mapping for :func:`write_report`.
@@ -208,7 +236,7 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
     raise PeatError(f"no site record of KUT {kut!r}: nothing to report; run "
                     "playback (or op-level playback) first")
   diags = {(r["site"], r["step"]): _detector.diagnosis_of(r) for r in records}
-  verdict = verdict_data(diags, list(findings))
+  verdict = verdict_data(diags, list(findings), runtime)
   effects = sorted(effects, key=lambda e: e["step"])
   entries = site_entries(records, sites)
   return {
@@ -230,4 +258,5 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
       "runtime": list(runtime) if runtime else None,
       "runtime_spread": runtime_spread if runtime else None,
       "settings": dict(settings or {}),
+      "provenance": dict(provenance) if provenance else None,
   }

@@ -13,8 +13,11 @@ number is expected) and writes two files into a directory:
   order: title (kernel under test, model scenario), verdict badge and
   summary, crash and hang findings, Detector table (worst site first),
   localization, noise-ratio heat
-  table (sites x steps), error / ULP-distance / bit-position histograms of
-  the top sites, playback effect, runtime FI loss curves, campaign settings,
+  table (sites x steps), noise ratio over training (per site against the
+  checkpoint step, rising sites named), error / ULP-distance / bit-position
+  histograms of the top sites, playback effect, runtime FI loss curves,
+  training-level significance (weight distances in units of the seed and
+  bf16 proxies), what the verdict covers (provenance), campaign settings,
   footer (peat_jax version, JSON file name). An absent optional section is
   replaced by a one-line note.
 
@@ -52,21 +55,31 @@ are marked *, everything else may be missing or ``None``::
                          last = sign (needs mantissa_bits, exponent_bits)
     mantissa_bits int    stored mantissa bits (float32: 23)
     exponent_bits int    exponent bits (float32: 8)
+    noise_trend  {"rises": bool, "factor": float|None, "factor_loo":
+                  float|None, "from_step": int|None, "to_step": int|None,
+                  "points": int}
   localization  {"site"*: str, "step"*: int, "noise_ratio": float}
   playback      {"steps"*: [int], "loss_golden"*: [float],
                  "loss_kut"*: [float], "grad_rel_diff": [float],
                  "update_rel_diff": [float]}
   runtime       [{"frequency"*: str, "steps"*: [int], "loss"*: [float],
                   "golden_loss": [float], "diverged_at": int|None,
-                  "reason": str|None, "crashed": bool}, ...]
+                  "reason": str|None, "crashed": bool,
+                  "significance": {"metric", "step", "vs_seed", "vs_bf16",
+                                   "steps", "total", "layers"}}, ...]
                 (a crashed run has empty lists and the crash as reason)
   crashes       [{"kind"*: "crash"|"hang", "phase"*: str, "message"*: str,
                   "step": int|None, "site": str|None,
                   "frequency": str|None, "signal": str|None,
                   "timeout_s": float|None}, ...]
                 crash and hang findings of process isolation
-  runtime_spread {"steps"*: [int], "loss_spread"*: [float]}
+  runtime_spread {"steps"*: [int], "loss_spread"*: [float],
+                  "bf16_loss": [float]}
   settings      {str: str|int|float}
+  provenance    {"kut"*: {"spec"*, ...}, "platform"*: {...},
+                 "versions"*: {...}, "sites"*: [{"site"*, "kernel", "phase",
+                 "in_shapes", "in_dtypes"}], "phases", "backward",
+                 "checkpoint_steps", "frequencies", "runtime_steps"}
 
 Lists that belong together (a site's per-step lists and ``steps``; the
 playback lists; a runtime run's lists) must have equal lengths.
@@ -85,7 +98,11 @@ import pathlib
 from typing import Any, Mapping, Sequence
 
 from peat_jax.report import _charts as _svg
+from peat_jax.report import _sections
 from peat_jax.report._charts import esc, fmt
+from peat_jax.report._markup import chip as _chip
+from peat_jax.report._markup import note as _note
+from peat_jax.report._markup import table as _table
 from peat_jax import detector as _detector
 from peat_jax.report._schema import (
     HTML_NAME, JSON_NAME, ReportPaths, _NUM, _plain, _validate)
@@ -120,19 +137,12 @@ code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;
 .plots{display:flex;flex-wrap:wrap;gap:10px}
 .plots svg{border:1px solid #e5e8eb;border-radius:4px}
 .scroll{overflow-x:auto}
+.covers{font-size:13px;color:#3c4650;margin:4px 0 0;max-width:1000px}
 footer{margin-top:30px;color:#5f6b76;font-size:12px;border-top:1px solid
  #dde1e5;padding-top:8px}
 """
 _BIT_COLORS = {"sign": "#c5221f", "exponent": "#d9730d",
                "mantissa": "#1f5fa8"}
-
-
-def _chip(verdict: str) -> str:
-  return f'<span class="chip v-{esc(verdict)}">{esc(verdict)}</span>'
-
-
-def _note(text: str) -> str:
-  return f'<p class="note">{esc(text)}</p>'
 
 
 def _worst_ratio(site: Mapping) -> float:
@@ -154,30 +164,13 @@ def _sorted_sites(sites: Sequence[Mapping]) -> list[Mapping]:
       -_detector.severity(s["verdict"]), -_worst_ratio(s), -confidence(s), s["site"]))
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]],
-           num_cols: Sequence[int] = (), row_classes: Sequence[str] = ()
-           ) -> str:
-  """An HTML table; ``rows`` hold already escaped HTML."""
-  out = ["<table><thead><tr>"]
-  out += [f"<th>{esc(h)}</th>" for h in header]
-  out.append("</tr></thead><tbody>")
-  for i, row in enumerate(rows):
-    cls = f' class="{row_classes[i]}"' if row_classes else ""
-    out.append(f"<tr{cls}>")
-    for j, cell in enumerate(row):
-      out.append(f'<td class="num">{cell}</td>' if j in num_cols
-                 else f"<td>{cell}</td>")
-    out.append("</tr>")
-  out.append("</tbody></table>")
-  return "".join(out)
-
-
 def _section_verdict(d: Mapping) -> str:
   v = d["verdict"]
   out = ['<section id="verdict"><div class="verdict">',
          f'<div class="badge v-{esc(v["verdict"])}">'
          f'{esc(v["verdict"].upper())}</div>',
-         f'<p class="summary">{esc(v["summary"])}</p></div>']
+         f'<p class="summary">{esc(v["summary"])}</p></div>',
+         _sections.covers_line(d)]
   deciding = v.get("deciding") or []
   if deciding:
     shown = ", ".join(f"<code>{esc(s)}</code> at step {esc(fmt(t))}"
@@ -551,8 +544,10 @@ def render_html(data: Mapping, *, json_name: str = JSON_NAME,
            _section_verdict(d), _section_crashes(d),
            _section_detector(sites),
            _section_localization(d), _section_heat(sites),
+           _sections.section_trends(sites),
            _section_top(sites, top_sites), _section_playback(d),
-           _section_runtime(d), _section_settings(d),
+           _section_runtime(d), _sections.section_significance(d),
+           _sections.section_provenance(d), _section_settings(d),
            f"<footer>peat_jax {esc(_version(d))} &middot; the same data as "
            f'JSON: <a href="{esc(json_name)}">{esc(json_name)}</a></footer>',
            "</main></body></html>"]

@@ -191,6 +191,10 @@ def _validate(d: Mapping) -> None:
     _same_len(r, ("loss", "golden_loss"), "steps", w)
     _get(r, "diverged_at", w, (int,), "an int step or None", False)
     _get(r, "reason", w, (str,), "a string or None", False)
+    sig = _get(r, "significance", w, (dict,), "a significance mapping or "
+               "None", False)
+    if sig is not None:
+      _check_significance(sig, w + "significance.")
   for i, c in enumerate(_get(d, "crashes", "", _SEQ,
                              "a list of findings or None", False) or []):
     w = f"crashes[{i}]."
@@ -208,5 +212,76 @@ def _validate(d: Mapping) -> None:
   if sp is not None:
     _get(sp, "steps", "runtime_spread.", _SEQ, "a list of steps")
     _get(sp, "loss_spread", "runtime_spread.", _SEQ, "a list")
-    _same_len(sp, ("loss_spread",), "steps", "runtime_spread.")
+    _same_len(sp, ("loss_spread", "bf16_loss"), "steps", "runtime_spread.")
   _get(d, "settings", "", (dict,), "a mapping {name: value}", False)
+  prov = _get(d, "provenance", "", (dict,), "a provenance mapping or None",
+              False)
+  if prov is not None:
+    _check_provenance(prov)
+
+
+_BLOCKS = ("distance", "seed", "bf16", "vs_seed", "vs_bf16")
+
+
+def _mappings(items: Sequence, where: str):
+  """``(i, item)`` of a list of mappings; PeatError at the first other."""
+  for i, m in enumerate(items):
+    if not isinstance(m, dict):
+      raise PeatError(f"report data: {where}[{i}] is {type(m).__name__}; "
+                      "expected a mapping")
+    yield i, m
+
+
+def _check_block(b: Mapping, steps: int, where: str) -> None:
+  """One significance block: ``{key: {metric: [per step]} or None}``."""
+  _get(b, "distance", where, (dict,), "{metric: [per step]}")
+  for key in _BLOCKS:
+    m = _get(b, key, where, (dict,), "{metric: [per step]} or None", False)
+    for metric, vals in (m or {}).items():
+      _get(m, metric, f"{where}{key}.", _SEQ, "a list per saved step")
+      if len(vals) != steps:
+        raise PeatError(f"report data: {where}{key}.{metric} has "
+                        f"{len(vals)} values; expected one per saved step "
+                        f"({steps})")
+
+
+def _check_significance(sig: Mapping, w: str) -> None:
+  _get(sig, "metric", w, (str,), "a metric name, e.g. 'w1'")
+  _get(sig, "step", w, (int,), "the saved step of vs_seed / vs_bf16")
+  for k in ("vs_seed", "vs_bf16"):
+    _get(sig, k, w, _NUM, "a number or None", False)
+  n = len(_get(sig, "steps", w, _SEQ, "a list of saved steps"))
+  _check_block(_get(sig, "total", w, (dict,), "a mapping of distances"),
+               n, w + "total.")
+  for i, layer in _mappings(_get(sig, "layers", w, _SEQ,
+                                 "a list of per-layer mappings"),
+                            f"{w}layers"):
+    _get(layer, "layer", f"{w}layers[{i}].", (str,), "a parameter path")
+    _check_block(layer, n, f"{w}layers[{i}] ({layer['layer']!r}).")
+
+
+def _check_provenance(prov: Mapping) -> None:
+  w = "provenance."
+  kut = _get(prov, "kut", w, (dict,), 'a mapping {"spec", ...}')
+  _get(kut, "spec", w + "kut.", (str,), "the KUT spec")
+  _get(kut, "content", w + "kut.", (dict,), '{"sha256", "files"} or None',
+       False)
+  _get(prov, "platform", w, (dict,), "a mapping (may be empty)")
+  _get(prov, "versions", w, (dict,), "a mapping (may be empty)")
+  for i, site in _mappings(_get(prov, "sites", w, _SEQ,
+                                "a list of site mappings"), f"{w}sites"):
+    _get(site, "site", f"{w}sites[{i}].", (str,), "a site name")
+    shapes = _get(site, "in_shapes", f"{w}sites[{i}].", _SEQ,
+                  "a list of shapes or None", False)
+    dtypes = _get(site, "in_dtypes", f"{w}sites[{i}].", _SEQ,
+                  "a list of dtype names or None", False)
+    if shapes is not None and dtypes is not None and len(shapes) != len(
+        dtypes):
+      raise PeatError(f"report data: {w}sites[{i}] has {len(shapes)} input "
+                      f"shapes and {len(dtypes)} dtypes; expected one dtype "
+                      "per shape")
+  for k in ("phases", "checkpoint_steps", "frequencies"):
+    _get(prov, k, w, _SEQ, "a list", False)
+  if prov.get("backward") not in (None, "golden", "kut"):
+    raise PeatError(f"report data: {w}backward is {prov['backward']!r}; "
+                    'expected "golden", "kut" or None')

@@ -194,8 +194,9 @@ def test_campaign_attributes_a_crash_to_its_site_and_goes_on(tmp_path,
                 "fwd/Cnn/Conv/conv_general_dilated:1", None),
                ("runtime", "crash", "SIGSEGV", None, None, "every")]
   rt = {r["name"]: r for r in profiler.read_records(d / profiler.RUNTIME_FILE)}
-  assert set(rt) == {"golden", "spread", "every"}
+  assert set(rt) == {"golden", "spread", "bf16", "every"}
   assert rt["every"]["crash"]["signal"] == "SIGSEGV"
+  assert rt["bf16"]["weights"]["steps"] == [2]  # kept from the dead worker
   report = json.loads(open(paths.json).read())
   assert report["verdict"]["verdict"] == "fail"
   assert len(report["crashes"]) == 2 and report["runtime"][0]["crashed"]

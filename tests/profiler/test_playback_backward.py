@@ -306,10 +306,16 @@ def test_runtime_runs_the_kuts_vjp_and_tags_its_records(goldens, tmp_path):
   assert fwd.runs[0]["loss"] == fwd.golden_loss
   assert bwd.runs[0]["loss"] != bwd.golden_loss
   recs = peat.profiler.read_records(tmp_path / peat.profiler.RUNTIME_FILE)
+  # With the bf16 proxy, the yardstick of the weight distances.
   assert sorted(r["name"] for r in recs if r.get("backward") == "kut") == [
-      "every", "golden", "spread"]
+      "bf16", "every", "golden", "spread"]
   assert sorted(r["name"] for r in recs if "backward" not in r) == [
-      "every", "golden", "spread"]
+      "bf16", "every", "golden", "spread"]
+  # The VJP moves the weights off the golden trajectory; forward-only
+  # exact does not.
+  sig_f, sig_b = fwd.runs[0]["significance"], bwd.runs[0]["significance"]
+  assert sig_f["total"]["distance"]["w1"][-1] == 0.0
+  assert sig_b["total"]["distance"]["w1"][-1] > 0.0
 
 
 def test_validate_stores_backward_and_reports_backward_sites(goldens, tmp_path):

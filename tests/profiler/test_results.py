@@ -2,6 +2,7 @@
 peat.testing.assert_kernel_trains, on one tiny stock-Flax campaign."""
 
 import builtins
+import hashlib
 import json
 import os
 
@@ -163,3 +164,49 @@ def test_assert_kernel_trains_bad_input(byo, tmp_path):
   with pytest.raises(peat.PeatError, match="expected <module>:<function>"):
     peat.testing.assert_kernel_trains(LN_KUT, kernel="layer_norm",
                                       task="byo_model", campaign_dir=tmp_path)
+
+
+# ------------------------------------------------------- provenance
+
+
+def test_read_campaign_carries_the_provenance(campaign, byo):
+  c = peat.read_campaign(campaign[0])
+  p = c.provenance
+  assert isinstance(p, profiler.Provenance)
+  report = json.load(open(os.path.join(campaign[0], "report.json")))
+  assert p.covers == peat.report.covers_sentence(report["provenance"])
+  assert p.covers.endswith("were not exercised.")
+  assert p.kut["spec"] == c.kut and p.kut["source"] == "py"
+  # The content hash covers the user's module, byte for byte.
+  path = str(byo / "byo_model.py")
+  assert [f["path"] for f in p.kut["content"]["files"]] == [path]
+  with open(path, "rb") as f:
+    assert p.kut["content"]["files"][0]["sha256"] == hashlib.sha256(
+        f.read()).hexdigest()
+  assert p.platform["backend"] == jax.default_backend()
+  assert p.versions["jax"] == jax.__version__
+  assert p.phases == ("fwd",) and p.backward == "golden"
+  assert p.checkpoint_steps == (0, 2) and p.frequencies == ("every call",)
+  (site,) = p.sites
+  assert site["site"] == "fwd/Net/LayerNorm/layer_norm:0"
+  assert site["in_shapes"][0] == [8, 16] and site["in_dtypes"][0] == "float32"
+  assert list(p.sites) == report["provenance"]["sites"]
+
+
+@pytest.mark.slow
+def test_read_campaign_provenance_of_the_kuts_backward(byo, tmp_path):
+  del byo
+  d = tmp_path / "bwd"
+  peat.validate(peat.TaskFactory.from_spec("byo_model:task"),
+                peat.kernels.as_spec("py:byo_model:layer_norm", "layer_norm"),
+                str(d), steps=2, checkpoint_every=2, frequencies=(),
+                backward="kut", progress=None)
+  p = peat.read_campaign(d).provenance
+  assert p.backward == "kut" and p.phases == ("bwd", "fwd")
+  assert p.checkpoint_steps == (0,) and p.frequencies == ()
+  phases = {s["site"]: s["phase"] for s in p.sites}
+  assert phases["fwd/Net/LayerNorm/layer_norm:0"] == "fwd"
+  assert "bwd" in phases.values()   # the backward sites' records
+  assert "(the KUT's VJP at the backward sites)" in p.covers
+  summary = open(os.path.join(d, "report.json")).read()
+  assert '"backward": "kut"' in summary

@@ -18,6 +18,9 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
+from peat_jax import detector
+from peat_jax.profiler import _significance
+from peat_jax.profiler import weight_distances
 from peat_jax.report import _charts as _svg
 from peat_jax.core import PeatError
 from peat_jax.report import ReportPaths, render_html, write_report
@@ -92,31 +95,77 @@ SITES = (
 )
 
 
-def _train(kut_every: int | None, steps: int, fault_at: int | None = None):
+def _train(kut_every: int | None, steps: int, fault_at: int | None = None,
+           *, init_seed: int | None = None, proxy: bool = False,
+           weights: list | None = None):
   """Least squares by SGD; the KUT (bf16 matmul) at every kut_every-th step.
 
   From ``fault_at`` on, predictions are scaled by 1e19 (a corrupted
   exponent that propagates), so the loss overflows to Inf and then NaN.
+  ``init_seed`` starts from seeded random weights instead of zeros (a seed
+  run); ``proxy`` rounds the inputs of both matmuls (forward and gradient)
+  to bf16 at every step (the bf16 proxy); ``weights`` gets the weights
+  after every step.
   """
   rng = np.random.default_rng(7)
   x = rng.standard_normal((64, 24)).astype(np.float32)
   y = x @ rng.standard_normal((24, 1)).astype(np.float32)
-  w = np.zeros((24, 1), np.float32)
+  w = (np.zeros((24, 1), np.float32) if init_seed is None else
+       np.random.default_rng(init_seed).normal(
+           0, 0.1, (24, 1)).astype(np.float32))
   losses, grads, updates = [], [], []
   with np.errstate(all="ignore"):
     for s in range(steps):
-      use = kut_every is not None and s % kut_every == 0
+      use = proxy or (kut_every is not None and s % kut_every == 0)
       pred = (_bf16(x) @ _bf16(w)) if use else x @ w
       if fault_at is not None and s >= fault_at:
         pred = pred * np.float32(1e19)
       err = pred - y
       losses.append(float(np.mean(err.astype(np.float64) ** 2)))
-      grad = x.T @ err / np.float32(len(x))
+      grad = (_bf16(x).T @ _bf16(err) if proxy else x.T @ err) / np.float32(
+          len(x))
       upd = np.float32(-0.05) * grad
       grads.append(grad)
       updates.append(upd)
       w = w + upd
+      if weights is not None:
+        weights.append(w)
   return np.asarray(losses), grads, updates
+
+
+SAVED = [10, 20, 30, 40, 50, 60]
+
+
+def _weights_record(run: list, golden: list) -> dict:
+  """A run's weight distances at SAVED (the records' ``weights`` field)."""
+  rows = [weight_distances({"w": run[s - 1]}, {"w": golden[s - 1]})
+          for s in SAVED]
+  out = {"steps": SAVED, "layers": rows[0]["layers"]}
+  for m in ("w1", "rel_l2"):
+    out[m] = [r[m] for r in rows]
+    out[m + "_total"] = [r[m + "_total"] for r in rows]
+  return out
+
+
+PROVENANCE = {
+    "kut": {"spec": "native:matmul:in_bf16", "source": "native",
+            "kernel": "matmul", "variant": "in_bf16", "tile": None,
+            "site_kernel": "dot_general",
+            "content": {"sha256": "ab" * 32, "files": [
+                {"path": "/site-packages/peat_jax/kernels/"
+                         "_peat_kernels_cpu.so", "sha256": "cd" * 32}]}},
+    "platform": {"backend": "cpu", "device_kind": "cpu", "device_count": 1,
+                 "cores_visible": 2, "system": "Linux",
+                 "machine": "x86_64", "python": "3.11.7"},
+    "versions": {"peat_jax": "0.1.0", "jax": "0.10.2", "jaxlib": "0.10.2",
+                 "xla_flags": ["--xla_cpu_enable_fast_math=false"],
+                 "xla_flags_other": []},
+    "sites": [{"site": s[0], "kernel": "dot_general", "phase": s[2],
+               "in_shapes": [[64, 96], [96, 48]],
+               "in_dtypes": ["float32", "float32"]} for s in SITES],
+    "phases": ["bwd", "fwd"], "checkpoint_steps": [0, 10, 20, 30, 40, 50],
+    "frequencies": ["every call", "every 4th step"],
+    "runtime_steps": [0, 59]}
 
 
 def campaign_data(seed: int = 0) -> dict:
@@ -146,6 +195,7 @@ def campaign_data(seed: int = 0) -> dict:
         "ulp_hist": last["ulp_hist"], "bits_xor": last["bits_xor"],
         "mantissa_bits": 23, "exponent_bits": 8,
     }
+    site["noise_trend"] = detector.noise_trend(steps, site["noise_ratio"])
     if kind != "exact":
       site["rel_hist"] = last["rel_hist"]
     sites.append(site)
@@ -162,10 +212,17 @@ def campaign_data(seed: int = 0) -> dict:
               "grad_rel_diff": [rel(kg[s], gg[s]) for s in ck],
               "update_rel_diff": [rel(ku[s], gu[s]) for s in ck]}
   runtime = []
+  golden_w, seed_w, proxy_w = [], [], []
+  _train(None, n, weights=golden_w)
+  _train(None, n, init_seed=1, weights=seed_w)
+  proxy_loss = _train(None, n, proxy=True, weights=proxy_w)[0]
+  seed_rec = _weights_record(seed_w, golden_w)
+  proxy_rec = _weights_record(proxy_w, golden_w)
   for freq, every, fault in (("every call", 1, None),
                              ("every 4th step", 4, None),
                              ("every call + bitflip", 1, 35)):
-    loss, _, _ = _train(every, n, fault)
+    run_w = []
+    loss, _, _ = _train(every, n, fault, weights=run_w)
     with np.errstate(divide="ignore", invalid="ignore"):
       bad = ~np.isfinite(loss) | (np.abs(loss - gl) > 0.5 * np.abs(gl) + 1e-3)
     at = int(np.argmax(bad)) if bad.any() else None
@@ -174,6 +231,9 @@ def campaign_data(seed: int = 0) -> dict:
                     "reason": None if at is None else
                     "loss left the golden envelope" if np.isfinite(loss[at])
                     else "loss is not finite"})
+    if fault is None:
+      runtime[-1]["significance"] = _significance.significance(
+          _weights_record(run_w, golden_w), seed_rec, proxy_rec)
   spread = np.abs(_train(None, n)[0] - _train(2, n)[0]) + 0.02 * gl
   return {
       "title": "peat_jax campaign: native bf16 matmul",
@@ -191,9 +251,11 @@ def campaign_data(seed: int = 0) -> dict:
                            sites[0]["noise_ratio"][0])},
       "playback": playback,
       "runtime": runtime,
-      "runtime_spread": {"steps": np.arange(n), "loss_spread": spread},
+      "runtime_spread": {"steps": np.arange(n), "loss_spread": spread,
+                         "bf16_loss": proxy_loss},
       "settings": {"checkpoint_every": 10, "seed": 0, "dtype": "float32",
                    "sites": "dot_general", "noise_floor_multiplier": 2.0},
+      "provenance": PROVENANCE,
   }
 
 
@@ -315,8 +377,9 @@ def test_html_content(data, written):
     assert html.escape(site["site"]) in page
   assert STRANGE_SITE not in page
   assert "fwd/Block&lt;0&gt;/Attn &amp; Co/dot_general:1" in page
-  order = ["verdict", "detector", "localization", "heat", "top-sites",
-           "playback", "runtime", "settings"]
+  order = ["verdict", "detector", "localization", "heat", "trends",
+           "top-sites", "playback", "runtime", "significance", "provenance",
+           "settings"]
   pos = [page.index(f'<section id="{s}">') for s in order]
   assert pos == sorted(pos)
   assert page.index("<h1>") < pos[0] < pos[-1] < page.index("<footer>")
@@ -447,6 +510,17 @@ def _broken(data, path, value):
     (("runtime", 0, "frequency"), KeyError, ["runtime[0]", "frequency"]),
     (("localization", "step"), "zero", ["localization", "'step'", "int"]),
     (("sites",), {"a": 1}, ["'sites'", "list"]),
+    (("runtime", 0, "significance", "total", "vs_bf16", "w1"), [1.0],
+     ["runtime[0].significance.total.vs_bf16.w1", "1 values", "(6)"]),
+    (("runtime", 0, "significance", "step"), "last",
+     ["significance.'step'", "str"]),
+    (("runtime", 1, "significance", "layers", 0, "layer"), KeyError,
+     ["layers[0]", "'layer'", "missing"]),
+    (("provenance", "kut"), KeyError, ["provenance.'kut'", "missing"]),
+    (("provenance", "sites", 0, "in_dtypes"), ["float32"],
+     ["provenance.sites[0]", "2 input shapes and 1 dtypes"]),
+    (("runtime_spread", "bf16_loss"), [1.0],
+     ["'bf16_loss' has 1 values", "equal"]),
 ])
 def test_bad_input_raises_peat_error(data, tmp_path, path, value, words):
   d = _broken(data, path, value)

@@ -10,7 +10,6 @@ the small PNG reader below, not just a file that exists).
 from __future__ import annotations
 
 import html
-import importlib.util
 import pathlib
 import struct
 import subprocess
@@ -28,21 +27,12 @@ WIDTH, HEIGHT = 1280, 2000
 FAIL_RED = (0xC5, 0x22, 0x1F)  # .v-fail in peat_jax/_report.py
 
 
-def _campaign_data() -> dict:
-  """The realistic data of tests/test_report.py (loaded by path)."""
-  path = pathlib.Path(__file__).with_name("test_report.py")
-  spec = importlib.util.spec_from_file_location("_peat_report_data", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.campaign_data()
-
-
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, report_campaign_data):
   if not CHROMIUM.exists():
     pytest.skip(f"{CHROMIUM} is missing; install it with "
                 "'apt-get install -y chromium' to run the browser test")
-  data = _campaign_data()
+  data = report_campaign_data
   return data, write_report(data, tmp_path_factory.mktemp("report"))
 
 

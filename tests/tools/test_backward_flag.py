@@ -59,10 +59,12 @@ def test_runtime_and_scaleout_tools_take_the_flag(campaign, cli):
       f"--campaign_dir={d}", f"--kut={cli.kut}", "--steps=2",
       "--frequencies=every", "--seeds=1", "--backward=kut"])
   assert rc == 0, err
-  assert out.startswith("runtime every call: 2 steps")
+  lines = out.splitlines()
+  assert lines[0].startswith("bf16 proxy: 2 steps")
+  assert lines[1].startswith("runtime every call: 2 steps")
   tagged = [r["name"] for r in profiler.read_records(d / "runtime.msgpack")
             if r.get("backward") == "kut"]
-  assert tagged == ["golden", "spread", "every"]
+  assert tagged == ["golden", "spread", "bf16", "every"]
   rc, out, err = cli.run(scaleout, [
       f"--campaign_dir={d}", f"--kut={cli.kut}", "--steps=2",
       "--backward=kut", "--devices=1"])

@@ -14,17 +14,20 @@ def test_runtime_sweep_prints_eta_and_table(profiled, cli):
       "--frequencies=every,every_2", "--seeds=1"])
   assert rc == 0, err
   lines = out.splitlines()
-  assert lines[0].startswith("runtime every call: 3 steps, final loss")
-  assert "[1/2," in lines[0]
-  assert lines[1].startswith("runtime every 2th step") and "[2/2," in lines[1]
-  assert lines[1].endswith("ETA 0.0 s]")
-  assert lines[2].split() == ["frequency", "steps", "final", "loss", "golden",
+  # The bf16 proxy (the weight distances' yardstick) is no frequency: no ETA.
+  assert lines[0].startswith("bf16 proxy: 3 steps, final loss")
+  assert "ETA" not in lines[0]
+  assert lines[1].startswith("runtime every call: 3 steps, final loss")
+  assert "moves the weights" in lines[1] and "[1/2," in lines[1]
+  assert lines[2].startswith("runtime every 2th step") and "[2/2," in lines[2]
+  assert lines[2].endswith("ETA 0.0 s]")
+  assert lines[3].split() == ["frequency", "steps", "final", "loss", "golden",
                               "final", "max", "|loss", "-", "golden|",
                               "diverged", "at", "reason"]
-  assert lines[4].split()[:3] == ["every", "call", "3"]
+  assert lines[5].split()[:3] == ["every", "call", "3"]
   names = [r["name"] for r in profiler.read_records(d / "runtime.msgpack")
            if r["kut"] == cli.kut]
-  assert names == ["golden", "spread", "every", "every_2"]
+  assert names == ["golden", "spread", "bf16", "every", "every_2"]
 
 
 @pytest.mark.parametrize("argv, message", [
