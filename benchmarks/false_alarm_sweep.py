@@ -11,7 +11,8 @@ user meets it: playback FI at every saved checkpoint of a short golden run
 of each scenario, every site of the kernel (forward records), with the
 native variants whose only difference from the golden kernel is the order
 or fusion of their float32 operations (``EXPECTED_ERROR_MODEL`` says
-``reordering``). Every record should be ``exact`` or ``reordering``; a
+``reordering``) and the benign JAX ports (a split-K matmul whose partial
+last column tile sums its K terms in two halves). Every record should be ``exact`` or ``reordering``; a
 ``warn`` is allowed (the KUT is more than 2x as far from float64 as the
 golden kernel, which the verdict rules call a warning), a fault model or
 ``fail`` is a false alarm. Prints one line per (scenario, KUT) and every
@@ -30,6 +31,7 @@ from absl import logging
 import peat_jax as peat
 from peat_jax import models
 from peat_jax.kernels import native
+from peat_jax.kernels import ports
 from peat_jax.kernels import EXPECTED_ERROR_MODEL
 
 _SCENARIOS = flags.DEFINE_list("scenarios", ["cnn", "vit", "gpt"],
@@ -44,10 +46,16 @@ KERNELS = ("matmul", "conv2d", "softmax", "layer_norm")
 BENIGN = ("exact", "reordering")
 
 
+for _name, (_kernel, _fn) in ports.BENIGN_PORTS.items():
+  peat.register_kut(f"port:{_name}", _fn, kernel=_kernel)
+
+
 def reordering_kuts() -> list[str]:
-  """Native KUT specs whose expected error model is ``reordering``."""
+  """Native KUT specs whose expected error model is ``reordering``, and
+  the benign JAX ports (``peat_jax.kernels.ports.BENIGN_PORTS``)."""
   return [f"native:{k}:{v}" for k in KERNELS for v in native.variants(k)
-          if EXPECTED_ERROR_MODEL.get(k, {}).get(v) == "reordering"]
+          if EXPECTED_ERROR_MODEL.get(k, {}).get(v) == "reordering"] + [
+              f"port:{name}" for name in ports.BENIGN_PORTS]
 
 
 def main(argv):

@@ -12,7 +12,11 @@ them:
 * ``_native``: the same pass as a native XLA FFI kernel (CPU);
 * ``_finalize``: state -> :class:`Signature`;
 * ``_api``: the jitted entry points below;
-* ``_references``: float64 references of every site kernel.
+* ``_references``: float64 references of every site kernel;
+* ``_decompose``: the noise-aware decomposition (rounding envelope, the
+  outliers beyond it and their structure);
+* ``_ports``: the port probe (another constant, form or input precision);
+* ``_ratios``: the per-metric ratio view (KUT over golden error).
 """
 
 from peat_jax.analyzer._api import analyze as analyze
@@ -25,6 +29,8 @@ from peat_jax.analyzer._api import signature_pure as signature_pure
 from peat_jax.analyzer._api import signature_update as signature_update
 from peat_jax.analyzer._api import split_on_device as split_on_device
 from peat_jax.analyzer._ports import needs_probe as needs_probe
+from peat_jax.analyzer._ratios import RATIO_METRICS as RATIO_METRICS
+from peat_jax.analyzer._ratios import metric_ratios as metric_ratios
 from peat_jax.analyzer._ports import port_probe as port_probe
 from peat_jax.analyzer._references import REFERENCES as REFERENCES
 from peat_jax.analyzer._references import reference as reference

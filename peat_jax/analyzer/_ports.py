@@ -43,7 +43,7 @@ import numpy as np
 from peat_jax import core as _core
 from peat_jax.analyzer._api import analyze
 from peat_jax.analyzer._references import reference_gelu
-from peat_jax.injectors._rounding import round_nearest
+from peat_jax.injectors import round_nearest
 
 #: A hypothesis explains the output when the median ratio of the distance
 #: to it over the distance to the model's own float64 reference is at most
@@ -236,13 +236,18 @@ def _hypotheses(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
 #: PROBE_MIN of them) is beyond the golden kernel's rounding envelope.
 PROBE_SHARE = 0.01
 PROBE_MIN = 16
+#: ... or when its RMS error vs float64 is this many times golden's even
+#: inside the envelope (tens of ulps everywhere: another constant, e.g. an
+#: epsilon 1e-5 for 1e-6, moves every element a little).
+PROBE_DENSE_RATIO = 16.0
 
 
 def needs_probe(sig) -> bool:
   """Whether a Signature's dense error calls for the port probe: it has a
   decomposition against a reference, the KUT's RMS error vs float64 is
   beyond ``BEYOND_GOLDEN`` times golden's, and at least ``PROBE_SHARE`` of
-  the elements are beyond the golden envelope (not a sparse fault alone).
+  the elements are beyond the golden envelope (not a sparse fault alone),
+  or the RMS error is beyond ``PROBE_DENSE_RATIO`` times golden's.
 
   Args:
     sig: a single-record Signature (device or host fields).
@@ -255,8 +260,9 @@ def needs_probe(sig) -> bool:
     return False
   n = int(np.asarray(sig.n))
   beyond = int(np.asarray(sig.n_beyond))
-  return (float(np.asarray(sig.noise_ratio)) > BEYOND_GOLDEN
-          and beyond >= max(PROBE_MIN, PROBE_SHARE * n))
+  ratio = float(np.asarray(sig.noise_ratio))
+  return ratio > BEYOND_GOLDEN and (
+      beyond >= max(PROBE_MIN, PROBE_SHARE * n) or ratio > PROBE_DENSE_RATIO)
 
 
 def _rounded(x, fmt: str):

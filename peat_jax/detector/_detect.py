@@ -112,7 +112,7 @@ def detect(sig, *, repeat=None, dtype=None,
         "sign of zero", {"signed_zeros": f.ndiff}))
   if not (cands and cands[0].model == "exact"):
     if f.dec:
-      return _decomposed(f, cands)
+      return _nonfinite_fails(_decomposed(f, cands), s)
     for rule in _RULES:
       if rule is _rule_rounding and cands:
         break  # a structural fault explains it; noise levels would only blur
@@ -121,8 +121,22 @@ def detect(sig, *, repeat=None, dtype=None,
     cands.append(_unknown(f))
   cands.sort(key=lambda c: -c.confidence)
   top = cands[0]
-  return Diagnosis(top.model, top.confidence, top.evidence, top.params,
-                   tuple(cands), _record_verdict(top.model, f))
+  return _nonfinite_fails(Diagnosis(top.model, top.confidence, top.evidence,
+                                    top.params, tuple(cands),
+                                    _record_verdict(top.model, f)), s)
+
+
+def _nonfinite_fails(diag: Diagnosis, s: Mapping[str, Any]) -> Diagnosis:
+  """A NaN or Inf where golden has none, or none where golden has one, is a
+  hard fail whatever the cause named (the ratio view's
+  ``nonfinite_mismatch``)."""
+  n = int(s.get("n_nonfinite_mismatch", 0))
+  if not n or diag.verdict == "fail":
+    return diag
+  return diag._replace(
+      verdict="fail",
+      evidence=f"{diag.evidence}; {n} elements are NaN/Inf in one of the "
+      "KUT and golden outputs and finite in the other (a hard fail)")
 
 
 def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:

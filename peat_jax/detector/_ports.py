@@ -38,7 +38,7 @@ ROW_FIT_SHARE = 0.3
 VALUE_R2 = 0.6
 #: A row factor follows the row statistic (a constant's effect) from this
 #: absolute rank correlation; below it, an approximate reciprocal or rsqrt.
-ROW_ORDER = 0.7
+ROW_ORDER = 0.95
 #: An approximation's error stays below this RMS share of the scale (a fast
 #: exp or reciprocal: 1e-4 to 1e-2); beyond it, no closed form of the same
 #: function.
@@ -91,22 +91,26 @@ def _rule_port(f: _Facts) -> list[Candidate]:
               f"u({f.work})), {f.noise_ratio:.3g}x the golden noise floor")
       params = {"delta_min": lo, "delta_max": hi, "row_fit": share}
       order = port.get("row_order") if probed else None
-      if order is not None and abs(order) < ROW_ORDER:
-        return [Candidate(
-            "approximation", 0.86,
-            f"{seen}; but the row factor does not follow the row statistic "
-            f"the kernel divides by (rank correlation {order:+.2f}), as "
-            "a constant's effect would, and no constant the probe fitted "
-            f"explains it ({port.get('name')}: ratio "
-            f"{port.get('ratio', math.nan):.2g}): an approximate "
-            "reciprocal or rsqrt", {**params, "row_order": order})]
-      if probed:
+      if order is not None and abs(order) >= ROW_ORDER:
+        # A constant's effect on a normalization is a monotone function of
+        # the row statistic it meets (eps / var, eps / std): the row factor
+        # follows that statistic almost exactly.
         return [Candidate(
             "parameter", 0.86,
             f"{seen}, following the row statistic the kernel divides by "
-            f"(rank correlation {order if order is not None else math.nan:+.2f})"
-            ": a constant of the computation differs that the probe does "
-            "not know", params)]
+            f"(rank correlation {order:+.2f}): a constant of the "
+            "computation differs that the probe does not know (e.g. an "
+            "epsilon added elsewhere)", {**params, "row_order": order})]
+      if probed:
+        shown = f"{order:+.2f}" if order is not None else "n/a"
+        return [Candidate(
+            "approximation", 0.86,
+            f"{seen}; the row factor does not follow the row statistic the "
+            f"kernel divides by as a constant's effect would (rank "
+            f"correlation {shown}), and no constant the probe fitted "
+            f"explains it ({port.get('name')}: ratio "
+            f"{port.get('ratio', math.nan):.2g}): an approximate "
+            "reciprocal or rsqrt", {**params, "row_order": order})]
       return [Candidate(
           "parameter", 0.84,
           f"{seen}: a constant of the computation differs (e.g. a "

@@ -2,13 +2,14 @@
 
 Private modules: ``_checks`` (names, keys, parameters, before tracing),
 ``_api`` (one injection on a tensor), ``_models`` (the tensor error models
-and their registry), ``_params`` (parameter specs), ``_random``
+and their registry), ``_dense_models`` (the models that move every
+element by a function of its value: formats, port patterns), ``_params`` (parameter specs), ``_random``
 (counter-based random numbers), ``_rounding`` (rounding into the formats of
 :mod:`peat_jax.core`),
 ``_compute`` (errors of the computation: accumulation, reordering,
 nondeterminism), ``_kernel`` (an error model as a kernel under test),
 ``_trees`` (parameters, gradients, optimizer state) and ``_campaigns``
-(many seeded injections as one vmapped program). docs/error_models.md.
+(many seeded injections as one vmapped program). docs/injectors.md.
 """
 
 from peat_jax.injectors._api import bit_probabilities as bit_probabilities
@@ -24,6 +25,7 @@ from peat_jax.injectors._checks import ERROR_MODELS as ERROR_MODELS
 from peat_jax.injectors._checks import FORMATS as FORMATS
 from peat_jax.injectors._checks import TENSOR_ERROR_MODELS as TENSOR_ERROR_MODELS
 from peat_jax.injectors._kernel import injecting_kernel as injecting_kernel
+from peat_jax.injectors._rounding import round_nearest as round_nearest
 from peat_jax.injectors._trees import InjectGradientsState as InjectGradientsState
 from peat_jax.injectors._trees import inject_gradients as inject_gradients
 from peat_jax.injectors._trees import inject_tree as inject_tree

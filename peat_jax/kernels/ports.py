@@ -7,13 +7,15 @@ GELU ``(x)``), computed in plain JAX, and wrong in the way ports are:
 
 * ``parameter``: a constant of the computation differs: another
   normalization epsilon (a framework's default where the model set its
-  own), the unbiased variance where the model uses the biased one, a
+  own, or added to the standard deviation instead of the variance), the
+  unbiased variance where the model uses the biased one, a
   softmax temperature, a missing or doubled ``1/sqrt(d)`` in attention;
 * ``approximation``: another closed form of the same function: GELU's tanh
   form where the model uses erf, a fast exponential, an approximate
   reciprocal or reciprocal square root refined by one Newton step.
 
-They run anywhere a KUT does (``peat.register_kut``, a ``py:`` spec) and
+:data:`BENIGN_PORTS` are correct ports that only sum in another order (the
+Detector must pass them). They run anywhere a KUT does (``peat.register_kut``, a ``py:`` spec) and
 are the port-mismatch cases of the Detector's calibration.
 :data:`EXPECTED_ERROR_MODEL` names the model the Detector should name.
 """
@@ -41,6 +43,17 @@ def layer_norm_eps(x: jax.Array, scale: jax.Array, bias: jax.Array,
   del eps
   mean, var = _moments(x)
   return (x - mean) * lax.rsqrt(var + port_eps) * scale + bias
+
+
+def layer_norm_eps_std(x: jax.Array, scale: jax.Array, bias: jax.Array,
+                       eps: float = 1e-6, *, port_eps: float = 1e-5
+                       ) -> jax.Array:
+  """Layer norm with the epsilon added to the standard deviation,
+  ``(x - mean) / (sqrt(var) + eps)``, where the model adds it to the
+  variance (some TensorFlow and hand-written kernels do)."""
+  del eps
+  mean, var = _moments(x)
+  return (x - mean) / (jnp.sqrt(var) + port_eps) * scale + bias
 
 
 def layer_norm_unbiased(x: jax.Array, scale: jax.Array, bias: jax.Array,
@@ -125,11 +138,38 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
   return jax.nn.gelu(x, approximate=True)
 
 
+def dot_general_split_k_edge(lhs: jax.Array, rhs: jax.Array, *,
+                             dimension_numbers, precision=None,
+                             preferred_element_type=None, tile: int = 16,
+                             **unused) -> jax.Array:
+  """A correct ``dot_general`` port whose last partial column tile (the
+  output columns past the last multiple of ``tile``) sums its K terms in
+  two halves, as a split-K kernel's edge path does: rounding-level error
+  confined to the last columns. Benign: the Detector must pass it."""
+  del unused, precision, preferred_element_type
+  out = lax.dot_general(lhs, rhs, dimension_numbers)
+  (lc, rc), _ = dimension_numbers
+  if out.ndim != 2 or len(lc) != 1 or out.shape[1] % tile == 0:
+    return out
+  k, w = lhs.shape[lc[0]], out.shape[1] % tile
+  part = lambda a, b: lax.dot_general(
+      lax.slice_in_dim(lhs, a, b, axis=lc[0]),
+      lax.slice_in_dim(rhs, a, b, axis=rc[0]), dimension_numbers)
+  edge = part(0, k // 2) + part(k // 2, k)
+  return out.at[:, -w:].set(edge[:, -w:])
+
+
+#: name -> (site kernel, a benign port: another summation order only).
+BENIGN_PORTS: types.MappingProxyType = types.MappingProxyType({
+    "split_k_edge": ("dot_general", dot_general_split_k_edge),
+})
+
 #: kind -> name -> the port-mismatch KUT (reference composite signature).
 PORTS: types.MappingProxyType = types.MappingProxyType({
     "layer_norm": types.MappingProxyType({
         "eps_1e-5": functools.partial(layer_norm_eps, port_eps=1e-5),
         "eps_1e-3": functools.partial(layer_norm_eps, port_eps=1e-3),
+        "eps_in_std": layer_norm_eps_std,
         "unbiased_var": layer_norm_unbiased,
         "fast_rsqrt": layer_norm_fast_rsqrt,
     }),

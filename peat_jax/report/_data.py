@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from peat_jax import analyzer as _analyzer
 from peat_jax import core as _core
 from peat_jax import detector as _detector
 from peat_jax.core import PeatError
@@ -44,7 +45,14 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
     fmt = _core.format_of_code(sig0.get("dtype_code", 0))
     bits = np.sum([r["signature"]["bits_xor"] for r in rs], axis=0)
     ulp = np.sum([r["signature"]["ulp_hist"] for r in rs], axis=0)
+    sec = top["diagnosis"].get("secondary")
+    extra = {"ratios": _json_ratios(_analyzer.metric_ratios(top["signature"]))}
+    if sec:
+      extra["secondary"] = {"model": sec["model"],
+                            "confidence": sec["confidence"],
+                            "evidence": sec["evidence"]}
     out.append({
+        **extra,
         "site": name, "kernel": rs[0]["kernel"],
         "direction": "bwd" if rs[0]["phase"] == "bwd" else "fwd",
         "model": top["diagnosis"]["model"],
@@ -61,6 +69,12 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
   for entry, trend in zip(out, _training.site_trends(out)):
     entry["noise_trend"] = trend
   return out
+
+
+def _json_ratios(r: dict) -> dict:
+  """The ratio view with non-finite values as None (JSON has no NaN)."""
+  return {k: (v if isinstance(v, int) or np.isfinite(v) else None)
+          for k, v in r.items()}
 
 
 def verdict_data(diags: dict, findings: Sequence[dict],
@@ -111,6 +125,10 @@ def _record_verdict(diags: dict, findings: Sequence[dict]) -> dict:
   return {"verdict": "fail", "summary": summary, "deciding": deciding[:50]}
 
 
+def _num(x) -> float:
+  return float("nan") if x is None else float(x)
+
+
 def summary_table(data: dict) -> str:
   """A plain-text summary of report data (what :func:`validate` prints)."""
   bwd = [s for s in data["sites"] if s.get("direction") == "bwd"]
@@ -121,11 +139,16 @@ def summary_table(data: dict) -> str:
            + f": {data['verdict']['verdict'].upper()}",
            f"  {data['verdict']['summary']}"]
   w = max([len(s["site"]) for s in data["sites"]] + [4])
-  lines.append(f"  {'site':<{w}}  {'model':<20} {'verdict':<7} max_noise_ratio")
+  lines.append(f"  {'site':<{w}}  {'model':<24} {'verdict':<7} "
+               "max_noise_ratio  rmse_x  max_rel_x")
   for s in data["sites"]:
     nr = [x for x in s["noise_ratio"] if x is not None and x == x]
-    lines.append(f"  {s['site']:<{w}}  {s['model']:<20} {s['verdict']:<7} "
-                 f"{max(nr) if nr else float('nan'):.3g}")
+    rt = s.get("ratios") or {}
+    model = s["model"] + (f" + {s['secondary']['model']}"
+                          if s.get("secondary") else "")
+    lines.append(f"  {s['site']:<{w}}  {model:<24} {s['verdict']:<7} "
+                 f"{max(nr) if nr else float('nan'):<15.3g}  "
+                 f"{_num(rt.get('rmse')):<6.3g}  {_num(rt.get('max_rel')):.3g}")
   if with_bwd:
     worst = [s for s in bwd if s["verdict"] != "pass"]
     lines.append(f"  backward sites: {len(bwd)} of {len(data['sites'])}"

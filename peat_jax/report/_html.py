@@ -38,6 +38,12 @@ are marked *, everything else may be missing or ``None``::
     model*       str     diagnosed error model (DESIGN.md names)
     confidence   float   in [0, 1]
     evidence     str     the Detector's evidence sentence
+    secondary    {"model", "confidence", "evidence"} the second cause
+                         (e.g. reordering under an indexing fault)
+    ratios       {"rmse", "mean_rel", "max_rel", "small_err": float|None
+                  (KUT over golden error vs float64), "bias",
+                  "beyond_ulps": float|None, "nonfinite_mismatch": int}
+                         peat.analyzer.metric_ratios of the record shown
     verdict*     "pass"|"warn"|"fail"
     steps        [int]   checkpoint steps of the per-step lists below
     noise_ratio  [float] pseudo-error RMS / noise floor, per step
@@ -221,17 +227,43 @@ def _section_detector(sites: Sequence[Mapping]) -> str:
       rows.append([
           str(i + 1), f"<code>{esc(s['site'])}</code>",
           esc(s.get("kernel") or "\u2014"), esc(s["direction"]),
-          f"<b>{esc(s['model'])}</b>", esc(fmt(s.get("confidence"), 3)),
+          f"<b>{esc(s['model'])}</b>" + (
+              f" + {esc(s['secondary']['model'])}" if s.get("secondary")
+              else ""), esc(fmt(s.get("confidence"), 3)),
           esc(fmt(ratio, 3) if ratio >= 0 else "\u2014"),
+          _ratios_cell(s.get("ratios")),
           esc(s.get("evidence") or ""), _chip(s["verdict"])])
       classes.append(f"r-{esc(s['verdict'])}")
     out.append('<p>One row per site, worst first (verdict, then largest '
                'noise ratio over steps, then confidence).</p>')
+    out.append('<p>Ratios: the KUT\'s error against the float64 reference '
+               'over the golden kernel\'s, per metric (RMSE, mean and max '
+               'relative error, small-value error rate), its error balance '
+               '(bias), its share beyond 32 ulps (float32) or 1 ulp (16-bit) '
+               'and its NaN/Inf mismatches with golden (not 0: a hard '
+               'fail), at the record shown.</p>')
     out.append(_table(["#", "site", "kernel", "direction", "error model",
-                       "confidence", "max noise ratio", "evidence",
-                       "verdict"], rows, (0, 5, 6), classes))
+                       "confidence", "max noise ratio", "ratios vs golden",
+                       "evidence", "verdict"], rows, (0, 5, 6), classes))
   out.append("</section>")
   return "".join(out)
+
+
+def _ratios_cell(r: Mapping | None) -> str:
+  """The ratio view of one site in a few numbers."""
+  if not r:
+    return "\u2014"
+  parts = [f"{name} {fmt(r.get(key), 3)}x" for key, name in (
+      ("rmse", "RMSE"), ("mean_rel", "mean rel"), ("max_rel", "max rel"),
+      ("small_err", "small"))
+           if isinstance(r.get(key), _NUM)]
+  if isinstance(r.get("bias"), _NUM):
+    parts.append(f"bias {fmt(r['bias'], 2)}")
+  if isinstance(r.get("beyond_ulps"), _NUM):
+    parts.append(f"beyond ulps {fmt(100 * r['beyond_ulps'], 3)}%")
+  if r.get("nonfinite_mismatch"):
+    parts.append(f"<b>NaN/Inf mismatch {int(r['nonfinite_mismatch'])}</b>")
+  return "<br>".join(esc(p) if not p.startswith("<b>") else p for p in parts)
 
 
 def _section_localization(d: Mapping) -> str:

@@ -143,6 +143,11 @@ def _validate(d: Mapping) -> None:
     _check_verdict(s.get("verdict"), f"{w}'verdict'")
     _get(s, "confidence", w, _NUM, "a number in [0, 1]", False)
     _get(s, "evidence", w, (str,), "a string", False)
+    _get(s, "ratios", w, (dict,), "a mapping of metric ratios", False)
+    sec = _get(s, "secondary", w, (dict,), '{"model", "confidence", '
+               '"evidence"}', False)
+    if sec is not None:
+      _get(sec, "model", w + "secondary.", (str,), "an error-model name")
     if s.get("steps") is not None:
       _get(s, "steps", w, _SEQ, "a list of steps")
       _same_len(s, ("noise_ratio", "rel_rms", "share_differ"), "steps", w)

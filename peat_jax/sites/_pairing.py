@@ -377,7 +377,7 @@ def analyze_backward(closed, table: Sequence[_sites.Site]) -> BackwardMap:
 
   # Partners: the other operand's transposition of the same forward call.
   for b, be in backwards:
-    if found[b]:
+    if len(found[b]) == 1:
       continue
     for b2, c2 in found.items():
       if b2 == b or b2[:-1] != b[:-1] or len(c2) != 1:

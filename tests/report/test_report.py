@@ -583,3 +583,34 @@ def test_svg_heat_table_colors():
   assert fills[3] == "#cfcfcf" and fills[4] == "#7f0000"
   assert fills[5] == _svg.diverging_color(-1.0)
   assert "r2 | 1 | ratio = Inf" in svg
+
+
+def test_site_entries_carry_the_ratio_view_and_a_secondary_cause():
+  """A bit flip over bf16-input rounding: the site table names both causes
+  and the per-metric ratios of KUT over golden error vs float64."""
+  import jax
+  import jax.numpy as jnp
+  from peat_jax import analyzer, detector, injectors, profiler, report
+  rng = np.random.default_rng(11)
+  a = rng.standard_normal((64, 160)).astype(np.float32)
+  b = rng.standard_normal((160, 72)).astype(np.float32)
+  g = jnp.asarray(a @ b)
+  r = a.astype(np.float64) @ b.astype(np.float64)
+  bf = lambda x: jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32)
+  t = injectors.inject("bitflip", jax.random.key(2), bf(a) @ bf(b),
+                       count=3, bits=28)
+  sig = analyzer.analyze(t, g, r)
+  diag = detector.detect(sig, context={"kernel": "dot_general",
+                                       "reduction": 160})
+  rec = {"kind": "site", "kut": "k", "step": 0, "site": "fwd/dot:0",
+         "kernel": "dot_general", "phase": "fwd", "reduction": 160,
+         "signature": profiler.signature_record(sig),
+         "diagnosis": detector.diagnosis_record(diag)}
+  (entry,) = report.site_entries([rec], ["fwd/dot:0"])
+  assert entry["model"] == "bitflip" and entry["verdict"] == "fail"
+  assert entry["secondary"]["model"].startswith("precision"), entry
+  rt = entry["ratios"]
+  assert set(rt) == set(analyzer.RATIO_METRICS)
+  assert rt["rmse"] > 100 and rt["nonfinite_mismatch"] == 0
+  assert 0 < rt["beyond_ulps"] <= 1
+  json.dumps(rt)  # JSON-ready: no NaN

@@ -254,3 +254,21 @@ def test_a_marked_composite_stays_one_site():
       jax.grad(lambda x: jnp.sum(jnp.sin(_marked_softmax(x)))), jnp.ones(5))
   assert [s.name for s in table if s.composite] == ["fwd/softmax:0",
                                                      "bwd/softmax:0"]
+
+
+def test_every_backward_dot_of_a_stock_transformer_pairs(task, state):
+  """nnx.MultiHeadAttention's q, k and v projections read one input: each
+  weight cotangent first matches all three forward calls, and is told
+  apart by its partner (the other operand's transposition), which pairs
+  uniquely."""
+  batch = task.batch_at(0)
+  table = peat.discover_sites(task.step_fn, state, batch)
+  fwd = [s.name for s in table
+         if s.kernel == "dot_general" and s.phase == "fwd"]
+  bwd = {s.name for s in table
+         if s.kernel == "dot_general" and s.phase == "bwd"}
+  found = sites_lib.backward_sites(task.step_fn, state, batch, forward=fwd)
+  paired = {b.site.name for b in found if b.site.kernel == "dot_general"}
+  assert paired == bwd
+  assert len({b.forward for b in found
+              if b.site.kernel == "dot_general"}) == len(fwd)
