@@ -44,6 +44,11 @@ from peat_jax.detector._rules import (
 from peat_jax.detector._rounding import _rule_rounding
 
 
+#: With at most this share of elements differing (the rest bitwise
+#: golden), sparse elements far beyond their own ulps are read as faults
+#: even inside the rounding envelope.
+SPARSE_EXACT_SHARE = 0.01
+
 _RULES = (_rule_nonfinite, _rule_saturation_clip, _rule_indexing, _rule_scale,
           _rule_ftz, _rule_lane, _rule_zero, _rule_tile, _rule_stuck,
           _rule_edge, _rule_sparse, _rule_rounding)
@@ -172,6 +177,12 @@ def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
       # differing element differing in that one bit, one way, is an exact
       # trace that no summation order leaves.
       faults += _rule_stuck(f)
+    if not faults and f.share <= SPARSE_EXACT_SHARE:
+      # A few elements moved by 8 or more ulps where every other element is
+      # bitwise golden: in a 16-bit format such a flip can stay inside the
+      # envelope (16x the golden kernel's own rounding of u), yet no
+      # summation order moves so few elements that far.
+      faults += _rule_sparse(f)
     dense = []
     rest = f.ndiff - (f.n_out if faults else 0)
     if not whole and rest > 0:

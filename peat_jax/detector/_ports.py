@@ -125,7 +125,12 @@ def _rule_port(f: _Facts) -> list[Candidate]:
         f"({level / f.u:.3g} u({f.work})), {f.noise_ratio:.3g}x the golden "
         "noise floor: another closed form of the same function",
         {"value_r2": r2})]
-  if probed and float(s["in_rel_rms"]) <= APPROXIMATION_BOUND:
+  # An error at the rounding level of bf16 or fp16 is a computation in
+  # that format (a kernel that computes in bf16 and casts back), which the
+  # level rules name; a closed form's error is not tied to a format's u.
+  narrow = any(0.25 * UNIT_ROUNDOFF[k] <= level <= 2.0 * UNIT_ROUNDOFF[k]
+               for k in ("bf16", "fp16"))
+  if probed and not narrow and float(s["in_rel_rms"]) <= APPROXIMATION_BOUND:
     return [Candidate(
         "approximation", 0.75,
         f"a dense, bounded error beyond rounding (RMS {float(s['in_rel_rms']):.3g} "
