@@ -26,6 +26,7 @@ from peat_jax.analyzer._api import signature_update as signature_update
 from peat_jax.analyzer._api import split_on_device as split_on_device
 from peat_jax.analyzer._ports import needs_probe as needs_probe
 from peat_jax.analyzer._ports import port_probe as port_probe
+from peat_jax.analyzer._ports import probe_formats as probe_formats
 from peat_jax.analyzer._references import REFERENCES as REFERENCES
 from peat_jax.analyzer._references import reference as reference
 from peat_jax.analyzer._references import reference_attention as reference_attention
