@@ -184,6 +184,16 @@ def _play(task, kut, g, state, batch, ksub, reps, step_s, row):
       play, step_s)
   row("of which: tapped + substituted steps (one jitted call)", two,
       step_s)
+  # Where a checkpoint's time goes: every phase waits for its device work
+  # (Player.play(timings=...)), mean of `reps` warm calls.
+  phases: dict = {}
+  for _ in range(reps):
+    player.play(g.steps[1], state, timings=phases)
+  total = sum(phases.values()) / reps
+  row("phases, each waited for (`Player.play(timings=...)`, mean)", total,
+      step_s)
+  for name, sec in phases.items():
+    row(f"- {name}", sec / reps, step_s)
   row("checkpoint restore (Orbax, one `StateReader` for all, median)",
       restore, step_s)
   row("checkpoint restore alone (`peat.restore_state`, median)",

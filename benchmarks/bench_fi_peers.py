@@ -50,28 +50,118 @@ ENSURE = os.path.join(ROOT, "scripts", "ensure_peers_env.sh")
 
 # ------------------------------------------------------------- peat side
 
-def run_peat(data) -> dict:
-  """THE PEAT SIDE -- lead engineer: ``peat.forward_campaign`` goes here.
+#: The sites of the JAX model's layer outputs (the bias additions, as a
+#: torch forward hook on conv1, conv2 and fc sees them), checked by
+#: ``jax_model`` against ``peat.discover_sites``.
+PEAT_SITES = ("fwd/add:0", "fwd/add:1", "fwd/add:2")
 
-  Args:
-    data: the campaign, :func:`campaign_data.load`'s dict: ``conv1_w``
-      [16,1,3,3], ``conv1_b``, ``conv2_w`` [32,16,3,3], ``conv2_b``, ``fc_w``
-      [10,2048] (inputs in C,H,W order), ``fc_b`` (float32, torch layout);
-      ``x`` [64,1,8,8] float32 NCHW, ``y`` [64]; the fault list
-      ``fault_layer`` (0 conv1, 1 conv2, 2 fc: the layer's output, before
-      the ReLU), ``fault_sample``, ``fault_elem`` (flat C,H,W index within
-      the sample's layer output), ``fault_bit`` (0..31 of the float32);
-      ``meta``. ``campaign_data.reference_forward`` is the NumPy model.
+
+def jax_model(data):
+  """The CNN in JAX (NCHW, torch's layouts): ``(fn, params, x)``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from jax import lax  # pylint: disable=g-import-not-at-top
+
+  dn = ("NCHW", "OIHW", "NCHW")
+
+  def conv(h, w, b):
+    return lax.conv_general_dilated(h, w, (1, 1), ((1, 1), (1, 1)),
+                                    dimension_numbers=dn) + b[None, :, None,
+                                                              None]
+
+  def fn(p, x):
+    h = jax.nn.relu(conv(x, p["conv1_w"], p["conv1_b"]))
+    h = jax.nn.relu(conv(h, p["conv2_w"], p["conv2_b"]))
+    return h.reshape(h.shape[0], -1) @ p["fc_w"].T + p["fc_b"]
+
+  params = {k: jnp.asarray(data[k]) for k in (
+      "conv1_w", "conv1_b", "conv2_w", "conv2_b", "fc_w", "fc_b")}
+  return fn, params, jnp.asarray(data["x"])
+
+
+def run_peat(data, n: int, seed: int, rounds: int) -> dict:
+  """The campaign with ``peat.forward_campaign``.
+
+  ``n`` single-bit flips (``bitflip``, ``count=1``, every bit alike) into
+  the outputs of conv1, conv2 and fc of the JAX model, each site chosen
+  uniformly, then one element of the site's whole batch output uniformly:
+  the distribution of the peers' list. Each injection's output is the
+  batch's logits and its top-1 change per sample (``summarize``, inside the
+  program). Timed: whole ``forward_campaign`` calls (set-up, key
+  derivation, golden values, every chunk, the gather), warm (the first
+  call compiles), best of ``rounds``.
 
   Returns:
-    ``tool`` (str), ``version`` (str), ``versions`` (dict, e.g. jax's),
-    ``seconds`` (wall time of the whole campaign, warm: compile excluded,
-    best of the rounds), ``logits`` float32 [N, 64, 10] (the batch's logits
-    of each injection, in list order), ``changed`` bool [N, 64] (top-1
-    differs from the fault-free forward); optional ``compile_s``.
+    ``tool``, ``version``, ``versions``, ``seconds``, ``compile_s``,
+    ``logits`` float32 [n, 64, 10], ``changed`` bool [n, 64], ``faults``
+    (the list in the file's format: layer, sample, elem, bit; from the
+    campaign's own records), ``modes``, ``replay_bitwise`` (of 20
+    injections), ``single_bit`` (every record flips exactly one bit).
   """
-  del data
-  raise NotImplementedError("peat.forward_campaign: lead engineer")
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import peat_jax as peat  # pylint: disable=g-import-not-at-top
+
+  fn, params, x = jax_model(data)
+  found = [s.name for s in peat.discover_sites(fn, params, x)
+           if s.kernel == "add"]
+  assert tuple(found) == PEAT_SITES, found
+  top1 = jnp.argmax(jax.jit(fn)(params, x), axis=1)
+
+  def summarize(out):
+    return out, jnp.argmax(out, axis=1) != top1
+
+  def campaign():
+    c = peat.forward_campaign(fn, (params, x), "bitflip",
+                              key=jax.random.key(seed), n=n,
+                              sites=PEAT_SITES, summarize=summarize, count=1)
+    jax.block_until_ready(c.outputs)
+    return c
+
+  t0 = time.perf_counter()
+  c = campaign()
+  compile_s = time.perf_counter() - t0
+  times = []
+  for _ in range(rounds):
+    t0 = time.perf_counter()
+    c = campaign()
+    times.append(time.perf_counter() - t0)
+  logits, changed = (np.asarray(a) for a in c.outputs)
+  idx = np.asarray(c.faults.index)[:, 0]
+  xor = (np.asarray(c.faults.golden).view(np.uint32)
+         ^ np.asarray(c.faults.value).view(np.uint32))[:, 0]
+  single = bool(np.all((xor != 0) & ((xor & (xor - 1)) == 0)))
+  layer = np.asarray(c.site_index, np.int32)
+  per = np.asarray(campaign_data.LAYER_SIZES)[layer]
+  faults = {"fault_layer": layer,
+            "fault_sample": (idx // per).astype(np.int32),
+            "fault_elem": (idx % per).astype(np.int32),
+            "fault_bit": np.log2(np.maximum(xor, 1)).astype(np.int32)}
+  probe = np.linspace(0, n - 1, 20).astype(int)
+  replay_ok = sum(
+      all(np.array_equal(np.asarray(a).view(np.uint8),
+                         np.asarray(b)[i].view(np.uint8))
+          for a, b in zip(c.replay(int(i)), c.outputs)) for i in probe)
+  return {"tool": "peat.forward_campaign", "version": peat.__version__,
+          "versions": {"jax": jax.__version__},
+          "seconds": min(times), "all_seconds": times,
+          "compile_s": compile_s, "logits": logits, "changed": changed,
+          "faults": faults, "modes": dict(c.modes), "chunk": c.chunk,
+          "replay_bitwise": f"{replay_ok}/{len(probe)}",
+          "single_bit": single}
+
+
+def write_faults(path, data, faults):
+  """Puts peat's fault list into the campaign file (the one all tools
+  read), keeping the file's NumPy-drawn list as ``numpy_fault_*``."""
+  out = {k: v for k, v in data.items() if k != "meta"}
+  for k in faults:
+    if "numpy_" + k not in out:
+      out["numpy_" + k] = data[k]
+  out.update(faults)
+  meta = dict(data["meta"], faults="peat.forward_campaign's records "
+              "(numpy_fault_*: the NumPy-drawn list)")
+  np.savez(path, meta=np.array(json.dumps(meta)), **out)
 
 
 # ------------------------------------------------------------- helpers
@@ -146,6 +236,44 @@ def reference_checks(data, golden, bare_logits):
   return res
 
 
+def fault_report(data, p, bare):
+  """The fault lists: peat's (which every tool ran) vs the NumPy-drawn one,
+  and peat's outputs against the bare hook's, injection by injection."""
+  n = len(p["faults"]["fault_layer"])
+  print(f"fault list: peat.forward_campaign drew {n} faults (site uniform, "
+        "then one element of the site's batch output and one of 32 bits "
+        "uniform); written into the campaign file, every tool above injected"
+        f" that list; every peat record flips exactly one bit: "
+        f"{'yes' if p['single_bit'] else 'NO'}")
+  fields = lambda b: np.bincount(np.where(b == 31, 0, np.where(b >= 23, 1, 2)),
+                                 minlength=3)
+  for label, pre in (("peat's list", "fault_"), ("NumPy's list", "numpy_fault_")):
+    if pre + "layer" not in data:
+      continue
+    lay = np.bincount(data[pre + "layer"], minlength=3)
+    f = fields(data[pre + "bit"])
+    print(f"  {label:13s}: conv1/conv2/fc {lay[0]}/{lay[1]}/{lay[2]}, "
+          f"sign/exponent/mantissa bits {f[0]}/{f[1]}/{f[2]} (expected "
+          f"{n / 32:.0f}/{n / 4:.0f}/{23 * n / 32:.0f}), samples hit "
+          f"{len(np.unique(data[pre + 'sample']))} of 64, mean element / "
+          "layer size "
+          f"{np.mean(data[pre + 'elem'] / np.asarray(campaign_data.LAYER_SIZES)[data[pre + 'layer']]):.3f}")
+  print(f"  peat: modes {p['modes']}, chunk {p['chunk']}, first call "
+        f"(tracing and compiling) {p['compile_s']:.1f} s, replay of 20 "
+        f"injections bitwise: {p['replay_bitwise']}")
+  if bare is not None:
+    a, b = np.asarray(p["logits"], np.float64), bare["logits"].astype(
+        np.float64)
+    with np.errstate(all="ignore"):
+      same_fin = (np.isfinite(a) == np.isfinite(b)).all(axis=(1, 2))
+      fin = np.isfinite(a) & np.isfinite(b)
+      rel = np.where(fin, np.abs(a - b) / np.maximum(1.0, np.abs(b)), 0.0)
+    print(f"  peat vs bare hook, same faults: which logits are finite "
+          f"{int(same_fin.sum())}/{n}, max |diff| / max(1, |torch|) over "
+          f"finite logits {rel.max():.2e} (XLA's and torch's convolutions "
+          "round differently)")
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--n", type=int, default=1000, help="injections")
@@ -167,8 +295,14 @@ def main():
                   help=f"python of the peers' environment ({PEERS_PY})")
   ap.add_argument("--no-ensure-env", action="store_true",
                   help="do not run scripts/ensure_peers_env.sh first")
+  ap.add_argument("--peat-cores", type=int, default=1,
+                  help="CPU cores this process (peat, XLA) and the peers may "
+                  "use (sched_setaffinity; default 1, as the peers' one "
+                  "torch thread; 0: all)")
   ap.add_argument("--json", default=None, help="also write the results here")
   args = ap.parse_args()
+  if args.peat_cores > 0 and hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.peat_cores])
 
   t0 = time.perf_counter()
   data, made = ensure_data(args.data, args.seed, args.n)
@@ -181,6 +315,15 @@ def main():
         f"digits, {m['accuracy_batch']:.3f} on the batch of 64")
 
   load0 = os.getloadavg()
+  peat_note, p = None, None
+  if not args.no_peat:
+    # peat first: its campaign draws the fault list, which goes into the
+    # campaign file, so that every tool injects the same faults.
+    p = run_peat(data, args.n, args.seed + 1, args.rounds)
+    write_faults(args.data, data, p["faults"])
+    data = campaign_data.load(args.data)
+  else:
+    peat_note = "peat: not run (--no-peat)"
   tmeta, arrays = run_torch_peers(args)
   n = tmeta["n_injections"]
   rows = []
@@ -192,23 +335,16 @@ def main():
                  "logits": arrays["logits_" + key],
                  "changed": arrays["changed_" + key],
                  "golden_equal": t["golden_equal"]})
-
-  peat_note = None
   tv = tmeta["versions"]
   versions = {"torch": tv["torch"], "pytorchfi": tv["pytorchfi"],
               "mrfi": tv["mrfi"], "numpy (peers)": tv["numpy"],
               "numpy (project)": np.__version__, "python": tv["python"]}
-  if not args.no_peat:
-    try:
-      p = run_peat(data)
-    except NotImplementedError as e:
-      peat_note = f"peat: not run ({e})"
-    else:
-      versions.update(p.get("versions", {}))
-      rows.append({"key": "peat", "tool": p["tool"], "version": p["version"],
-                   "inj_per_s": n / p["seconds"], "seconds": [p["seconds"]],
-                   "logits": np.asarray(p["logits"]),
-                   "changed": np.asarray(p["changed"]), "golden_equal": None})
+  if p is not None:
+    versions.update(p["versions"])
+    rows.append({"key": "peat", "tool": p["tool"], "version": p["version"],
+                 "inj_per_s": n / p["seconds"], "seconds": p["all_seconds"],
+                 "logits": np.asarray(p["logits"]),
+                 "changed": np.asarray(p["changed"]), "golden_equal": None})
   load1 = os.getloadavg()
 
   by = {r["key"]: r for r in rows}
@@ -258,6 +394,9 @@ def main():
           f"finite {fr['finite_pattern_equal']}/{fr['n']}, all finite in both "
           f"{fr['all_finite']}/{fr['n']}, max |diff| / max(1, |torch|) there "
           f"{fr['max_rel_diff_finite']:.2e}")
+
+  if p is not None:
+    fault_report(data, p, bare)
 
   if args.json:
     out = {"versions": versions, "torch": tmeta, "reference": ref,

@@ -70,6 +70,8 @@ from peat_jax.injectors import InjectGradientsState as InjectGradientsState
 from peat_jax.injectors import InjectionRecord as InjectionRecord
 from peat_jax.injectors import bit_probabilities as bit_probabilities
 from peat_jax.injectors import campaign as campaign
+from peat_jax.injectors import ForwardCampaign as ForwardCampaign
+from peat_jax.injectors import forward_campaign as forward_campaign
 from peat_jax.injectors import inject as inject
 from peat_jax.injectors import inject_gradients as inject_gradients
 from peat_jax.injectors import inject_tree as inject_tree

@@ -34,7 +34,7 @@ RuntimeResult Signature SignatureState Site SiteTable Substitution
 TENSOR_ERROR_MODELS Tap TaskFactory TrainState TrainTask Verdict
 abstract_state analyze analyze_batch bit_probabilities campaign check_kut
 composite composite_call data_parallel_runtime detect detect_batch
-discover_sites golden_train init_distributed inject inject_gradients
+discover_sites forward_campaign ForwardCampaign golden_train init_distributed inject inject_gradients
 inject_tree injecting_kernel injection_params kernel_campaign nnx_task playback
 playback_many playback_ops profile read_campaign read_log rebuild_report reference
 reference_attention reference_conv reference_cross_entropy

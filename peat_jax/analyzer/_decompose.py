@@ -46,6 +46,7 @@ from jax import lax
 from peat_jax import core as _core
 from peat_jax.analyzer._bits import _from_bits, _sample_index, _uint
 from peat_jax.analyzer._pass import _view2d
+from peat_jax.analyzer._prefix import cumsum_small, first_true
 from peat_jax.analyzer._signature import (
     Array, LANES, SHIFT_RANGE, SHIFT_SAMPLE_ROWS, SHIFT_WINDOW, TILE_SIZES)
 
@@ -155,7 +156,7 @@ def _sample_median(z: Array, valid: Array) -> Array:
   b = jnp.where(z > 0, jnp.clip(jnp.floor(4.0 * jnp.log2(jnp.maximum(
       z, 1e-30))) + 161, 1, 399), 0).astype(jnp.int32)
   hist = jnp.zeros((400,), jnp.int32).at[b].add(valid.astype(jnp.int32))
-  cum = jnp.cumsum(hist)
+  cum = cumsum_small(hist)
   half = (jnp.sum(valid) + 1) // 2
   k = jnp.argmax(cum >= half)
   return jnp.where(k == 0, 0.0, 2.0 ** ((k - 160) / 4.0)).astype(z.dtype)
@@ -192,12 +193,42 @@ def _flip(u: Array, bit: Array) -> Array:
 
 
 def _masked_median(z: Array, mask: Array, axis: int) -> Array:
-  """Median of ``z`` over ``mask`` along ``axis`` (+inf where none)."""
-  zs = jnp.sort(jnp.where(mask, z, jnp.inf), axis=axis)
+  """Median of ``z`` over ``mask`` along ``axis`` (+inf where none).
+
+  The lower median: the ``(k - 1) // 2``-th smallest of the ``k`` masked
+  values. ``z`` is nonnegative (or +inf, NaN), so its bit patterns, read as
+  unsigned integers, sort as its values do (NaN last, as ``jnp.sort``): a
+  bisection over the patterns (one count per bit of the dtype) finds that
+  order statistic exactly, the same element a sort would, at a fraction of
+  a sort's cost on CPU.
+  """
   k = jnp.sum(mask, axis=axis)
   mid = jnp.maximum((k - 1) // 2, 0)
-  med = jnp.take_along_axis(zs, jnp.expand_dims(mid, axis), axis=axis)
-  return jnp.where(k > 0, jnp.squeeze(med, axis), jnp.inf)
+  uty = _uint(z.dtype)
+  u = lax.bitcast_convert_type(jnp.where(mask, z, jnp.inf), uty)
+  u = jnp.moveaxis(u, axis, -1)
+  lo = jnp.zeros(u.shape[:-1], uty)
+  hi = jnp.full(u.shape[:-1], np.iinfo(uty).max, uty)
+  for _ in range(np.dtype(uty).itemsize * 8):
+    half = lo + (hi - lo) // jnp.array(2, uty)
+    enough = jnp.sum(u <= half[..., None], axis=-1) > mid
+    hi = jnp.where(enough, half, hi)
+    lo = jnp.where(enough, lo, half + jnp.array(1, uty))
+  med = lax.bitcast_convert_type(lo, z.dtype)
+  return jnp.where(k > 0, med, jnp.inf)
+
+
+def _sort_finite(x: Array) -> Array:
+  """``jnp.sort`` of NaN-free floats, by their bit patterns as unsigned
+  keys (an integer sort is several times faster than a float sort on
+  CPU); the same values in the same order (-0 before +0)."""
+  uty = _uint(x.dtype)
+  top = jnp.array(1 << (np.dtype(uty).itemsize * 8 - 1), uty)
+  u = lax.bitcast_convert_type(x, uty)
+  neg = (u & top) != 0
+  k = lax.sort(jnp.where(neg, ~u, u | top))
+  back = jnp.where((k & top) != 0, k & ~top, ~k)
+  return lax.bitcast_convert_type(back, x.dtype)
 
 
 def _shift_stats(t, r, unit, theta_g, out, rows: int, cols: int):
@@ -353,7 +384,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   flip2 = out & ~flip1 & ok2
   t0 = (ut << jnp.array(1, uty)) == 0
   k = min(MATCH_OUTLIERS, n)
-  (idx,) = jnp.nonzero(out.reshape(-1), size=k, fill_value=0)
+  idx = first_true(out.reshape(-1), k)
   valid = jnp.arange(k) < n_out
   bitpos = jnp.arange(nbits)
   xk = x.reshape(-1)[idx]
@@ -381,8 +412,8 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   rv_k = jnp.where(valid, r.reshape(-1)[idx], 0.0)
   ev_k = jnp.where(valid, env.reshape(-1)[idx], 0.0)
   big = jnp.asarray(jnp.finfo(cdt).max, cdt)
-  st = jnp.sort(jnp.where(valid, tv_k, big))
-  sr = jnp.sort(jnp.where(valid, rv_k, big))
+  st = _sort_finite(jnp.where(valid, tv_k, big))
+  sr = _sort_finite(jnp.where(valid, rv_k, big))
   tol = jnp.max(ev_k)
   moved = jnp.where(n_out <= k, jnp.sum(valid & (jnp.abs(st - sr) <= tol),
                                         dtype=jnp.int32), 0)

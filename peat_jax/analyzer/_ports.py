@@ -272,19 +272,31 @@ def _rounded(x, fmt: str):
   if not np.issubdtype(a.dtype, np.floating) and a.dtype.name not in (
       "bfloat16", "float16"):
     return a
-  y = round_nearest(jnp.asarray(a, jnp.float32), _core.FORMATS[fmt])
+  y = round_nearest(jnp.asarray(a, jnp.float32),
+                               _core.FORMATS[fmt])
   return np.asarray(y, np.float64)
 
 
+def probe_formats(kind: str) -> tuple[str, str]:
+  """The formats of the probe's input-precision hypotheses for a kernel:
+  its hypothesis ``inputs_<fmt>`` is the kernel's float64 reference on its
+  floating inputs rounded to ``<fmt>`` (to nearest, in float32)."""
+  return ("bf16", "tf32") if kind in _GEMM_KINDS else ("bf16", "fp16")
+
+
 def _precision_hypotheses(kind: str, args: Sequence[Any],
-                          reference_fn: Callable[..., Any]) -> list[tuple]:
-  fmts = ("bf16", "tf32") if kind in _GEMM_KINDS else ("bf16", "fp16")
+                          reference_fn: Callable[..., Any],
+                          given: Mapping[str, Any] | None = None
+                          ) -> list[tuple]:
   out = []
-  for fmt in fmts:
-    out.append((f"precision:{fmt}", f"inputs_{fmt}",
-                f"the kernel on its inputs rounded to {fmt}",
-                lambda fmt=fmt: reference_fn(*[_rounded(a, fmt)
-                                               for a in args]), None))
+  for fmt in probe_formats(kind):
+    name = f"inputs_{fmt}"
+    if given is not None and name in given:
+      fn = lambda name=name: given[name]
+    else:
+      fn = lambda fmt=fmt: reference_fn(*[_rounded(a, fmt) for a in args])
+    out.append((f"precision:{fmt}", name,
+                f"the kernel on its inputs rounded to {fmt}", fn, None))
   return out
 
 
@@ -304,7 +316,8 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                test, golden, reference, *,
                reference_fn: Callable[..., Any] | None = None,
                reference_args: Sequence[Any] | None = None,
-               signature: bool = True) -> dict | None:
+               signature: bool = True,
+               hypotheses: Mapping[str, Any] | None = None) -> dict | None:
   """Which port variant of a composite kernel the KUT's output matches.
 
   Args:
@@ -322,6 +335,10 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
       composite site's flat input arrays).
     signature: with an explaining hypothesis, add the Signature of
       ``test`` against it (``"signature"``).
+    hypotheses: input-precision hypotheses computed already (name ->
+      float64 output, e.g. ``{"inputs_bf16": ...}``: the same values
+      ``reference_fn`` gives on the rounded inputs; playback computes them
+      on the device for all sites at once).
 
   Returns:
     None when no hypothesis applies or the output is within the golden
@@ -342,7 +359,7 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
   if reference_fn is not None:
     hyps += _precision_hypotheses(
         kind, args if reference_args is None else reference_args,
-        reference_fn)
+        reference_fn, hypotheses)
   best = None
   for model, name, sentence, fn, fit in hyps:
     try:

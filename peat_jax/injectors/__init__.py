@@ -8,8 +8,11 @@ element by a function of its value: formats, port patterns), ``_params`` (parame
 :mod:`peat_jax.core`),
 ``_compute`` (errors of the computation: accumulation, reordering,
 nondeterminism), ``_kernel`` (an error model as a kernel under test),
-``_trees`` (parameters, gradients, optimizer state) and ``_campaigns``
-(many seeded injections as one vmapped program). docs/injectors.md.
+``_trees`` (parameters, gradients, optimizer state), ``_campaigns``
+(many seeded injections as one vmapped program), ``_sparse`` (the few
+elements a sparse model changes, without a copy of the tensor) and
+``_forward`` (fault-injection campaigns over a forward function).
+docs/error_models.md, docs/injectors.md.
 """
 
 from peat_jax.injectors._api import bit_probabilities as bit_probabilities
@@ -24,6 +27,9 @@ from peat_jax.injectors._checks import COMPUTATION_ERROR_MODELS as COMPUTATION_E
 from peat_jax.injectors._checks import ERROR_MODELS as ERROR_MODELS
 from peat_jax.injectors._checks import FORMATS as FORMATS
 from peat_jax.injectors._checks import TENSOR_ERROR_MODELS as TENSOR_ERROR_MODELS
+from peat_jax.injectors._forward import ForwardCampaign as ForwardCampaign
+from peat_jax.injectors._forward import ForwardInjection as ForwardInjection
+from peat_jax.injectors._forward import forward_campaign as forward_campaign
 from peat_jax.injectors._kernel import injecting_kernel as injecting_kernel
 from peat_jax.injectors._rounding import round_nearest as round_nearest
 from peat_jax.injectors._trees import InjectGradientsState as InjectGradientsState

@@ -18,6 +18,7 @@ import numpy as np
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import tag_backward
+from peat_jax.profiler._timing import NO_LAPS, Laps
 from peat_jax.profiler._train_state import TrainTask
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler._site_records import (
@@ -249,21 +250,33 @@ class Player:
                  backward=self.backward)
     update_rel_diff(state.params, state.params, state.params)
 
-  def play(self, step: int, state) -> list[dict]:
+  def play(self, step: int, state, *, timings: dict | None = None
+           ) -> list[dict]:
     """Records of one checkpoint: site records, then one effect record.
 
     Args:
       step: the checkpoint's step (stored in the records).
       state: the restored golden state at that step.
+      timings: a dict to add the seconds of each phase to (benchmarks;
+        every phase then waits for its device work). The records are the
+        same either way.
 
     Returns:
       ``[site records in execution order..., effect record]``.
     """
+    laps = NO_LAPS if timings is None else Laps()
     batch = self.task.batch_at(int(state.data_position))
     steps = self._compiled or self._steps
-    return self.records(step, state, steps(state, batch), self._refs())
+    laps.start()
+    out = steps(state, batch)
+    laps.lap("tapped + substituted steps", out)
+    recs = self.records(step, state, out, self._refs(), laps=laps)
+    if timings is not None:
+      for k, v in laps.seconds.items():
+        timings[k] = timings.get(k, 0.0) + v
+    return recs
 
-  def records(self, step: int, state, out, refs) -> list[dict]:
+  def records(self, step: int, state, out, refs, laps=NO_LAPS) -> list[dict]:
     """Records of one checkpoint from the steps' outputs.
 
     Args:
@@ -272,6 +285,7 @@ class Player:
       out: what the steps returned (``both(state, batch)``).
       refs: the float64 references to use (:meth:`_refs`, or one shared
         among the KUTs of a :class:`PlayerGroup`).
+      laps: times the phases (``Player.play(timings=...)``).
 
     Returns:
       ``[site records in execution order..., effect record]``.
@@ -280,7 +294,7 @@ class Player:
     recs = site_records([(c.site, self._store[c.site.name],
                           taps[c.site.name]) for c in self.calls],
                         self.kut_spec, int(step), refs,
-                        backward=self.backward)
+                        backward=self.backward, laps=laps)
     gm, km = jax.device_get((gm, km))
     lg, lk = float(gm["loss"]), float(km["loss"])
     gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
@@ -290,6 +304,7 @@ class Player:
         "grad_rel_diff": (abs(gnk - gng) / gng if gng else
                           (0.0 if gnk == gng else math.inf)),
         "update_rel_diff": update_rel_diff(state.params, gparams, kparams)}
+    laps.lap("effect record (loss, update difference)")
     return recs + [tag_backward(eff, self.backward)]
 
 

@@ -19,6 +19,8 @@ from peat_jax import detector as _detector
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 from peat_jax.profiler._records import signature_record
+from peat_jax.profiler._probe_refs import ProbeReferences
+from peat_jax.profiler._timing import NO_LAPS
 from peat_jax.profiler._records import tag_backward
 from peat_jax.kernels import kut as _kut
 
@@ -74,6 +76,8 @@ class DeviceReferences:
     """Args: sites: ``(site, params)`` per site, as in ``site_records``."""
     self.fns = [_analyzer.reference_traced(site.kernel, params)
                 for site, params in sites]
+    self.probe_refs = ProbeReferences(self.fns,
+                                      [site.kernel for site, _ in sites])
 
     def refs(which, inputs):
       return [_analyzer.split_on_device(
@@ -141,7 +145,7 @@ def _signature(site: _sites.Site, params: dict, tp: _sites.Tap):
   return (_analyzer.analyze(test, gold, ref), _reduction(site, params), ref)
 
 
-def _port_probe(site, params, tp, sig, ref=None) -> dict | None:
+def _port_probe(site, params, tp, sig, ref=None, pre=None) -> dict | None:
   """The port probe of a site whose signature calls for it
   (peat.analyzer.needs_probe: a dense error beyond the golden kernel's
   noise), or None: the composite's known constants and forms, and the
@@ -152,6 +156,9 @@ def _port_probe(site, params, tp, sig, ref=None) -> dict | None:
       np.shape(x) != tuple(s) for x, s in zip(tp.inputs, site.in_shapes)):
     return None  # scan-stacked taps: one probe per iteration is not kept
   inputs = [np.asarray(x) for x in tp.inputs]
+  hyps = None
+  if pre is not None:  # computed on the device (profiler._probe_refs)
+    ref, hyps = pre
   if ref is None:
     ref = _site_reference(site, params, inputs)
   if ref is None:
@@ -169,15 +176,27 @@ def _port_probe(site, params, tp, sig, ref=None) -> dict | None:
     return _analyzer.port_probe(
         site.kernel, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
         ref, reference_fn=lambda *xs: _site_reference(site, params, xs),
-        reference_args=inputs)
+        reference_args=inputs, hypotheses=hyps)
   except (TypeError, ValueError, PeatError):
     return None
+
+
+def _probe_references(sites, pending, host, device_refs) -> dict:
+  """The port probe's float64 references of the device-analyzed sites that
+  need a probe, computed on the device at once (site index -> (reference,
+  hypotheses))."""
+  if not device_refs:
+    return {}
+  which = tuple(p[0] for p, sig in zip(pending, host)
+                if p[5] and _analyzer.needs_probe(sig))
+  return device_refs.probe_refs(which, [tuple(sites[i][2].inputs)
+                                        for i in which])
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
                  kut_spec: str, step: int,
                  device_refs: DeviceReferences | None = None, *,
-                 backward: str = "golden") -> list[dict]:
+                 backward: str = "golden", laps=NO_LAPS) -> list[dict]:
   """(step, site) records of many sites of one step.
 
   Every signature is dispatched before any is read, then all come to the
@@ -198,11 +217,13 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
     backward: the campaign's backward setting; ``"kut"`` is stored in the
       records (``"backward": "kut"``), ``"golden"`` is not (records without
       the field are forward-only ones, as before the setting existed).
+    laps: a ``profiler._timing.Laps`` to time the phases (benchmarks).
 
   Returns:
     One msgpack-ready dict (``kind == "site"``) per site (or output), in
     order.
   """
+  laps.start()
   done = _device_signatures(sites, device_refs) if device_refs else {}
   # (site index, output index or None, signature, reduction, reference,
   # on host)
@@ -221,14 +242,20 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
   # Signatures of `done` are on the host already (packed transfer).
   fetched = iter(jax.device_get([p[2] for p in pending if not p[5]]))
   host = [p[2] if p[5] else next(fetched) for p in pending]
+  laps.lap("references and signatures")
+  pre = _probe_references(sites, pending, host, device_refs)
+  laps.lap("port probe")
   out = []
   for (i, k, _, red, ref, _), sig in zip(pending, host):
     site, params, tp = sites[i]
     context = {"kernel": site.kernel, "reduction": red}
-    probe = None if k is not None else _port_probe(site, params, tp, sig, ref)
+    probe = None if k is not None else _port_probe(site, params, tp, sig, ref,
+                                                   pre.get(i))
+    laps.lap("port probe", probe)
     if probe is not None:
       context["port"] = probe
     diag = _detector.detect(sig, context=context)
+    laps.lap("detector")
     rec = {
         "kind": "site", "kut": kut_spec, "step": step,
         "site": site.name if k is None else output_name(site.name, k),
@@ -241,6 +268,7 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
     if k is not None:
       rec["output"] = k
     out.append(tag_backward(rec, backward))
+    laps.lap("records")
   return out
 
 
@@ -282,6 +310,16 @@ class _SharedReferences:
 
   def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     return self._inner.usable(i, site, tp)
+
+  def probe_refs(self, which: tuple[int, ...], inputs: list) -> dict:
+    """The probe's references (ProbeReferences), shared the same way."""
+    key = lambda i: ("probe", self._names[i])
+    missing = tuple(i for i in which if key(i) not in self._cache)
+    if missing:
+      given = dict(zip(which, inputs))
+      got = self._inner.probe_refs(missing, [given[i] for i in missing])
+      self._cache.update((key(i), v) for i, v in got.items())
+    return {i: self._cache[key(i)] for i in which}
 
   def __call__(self, which: tuple[int, ...], inputs: list) -> list:
     missing = tuple(i for i in which if self._names[i] not in self._cache)

@@ -12,7 +12,9 @@ kernel at selected sites, and taps of both on identical inputs) and
 substitution and the computation injectors run on), ``_pairing``
 (backward sites paired with the forward calls they transpose) and
 ``_backward`` (what ``backward="kut"`` runs at which backward sites: the
-KUT's VJP).
+KUT's VJP), ``_flat`` (flat traces of a forward function cut at its sites:
+frontiers and suffixes, for forward campaigns) and ``_separable`` (whether
+a suffix computes each sample of the batch alone).
 """
 
 from peat_jax.sites._composite import composite as composite
@@ -42,3 +44,18 @@ from peat_jax.sites._substitution import Substitution as Substitution
 from peat_jax.sites._substitution import Tap as Tap
 from peat_jax.sites._substitution import substitute as substitute
 from peat_jax.sites._substitution import tap as tap
+from peat_jax.sites._flat import FlatTrace as FlatTrace
+from peat_jax.sites._flat import Suffix as Suffix
+from peat_jax.sites._flat import corresponding_vars as corresponding_vars
+from peat_jax.sites._flat import evaluate_all as evaluate_all
+from peat_jax.sites._flat import evaluate_suffix as evaluate_suffix
+from peat_jax.sites._flat import flat_trace as flat_trace
+from peat_jax.sites._flat import is_floating as is_floating
+from peat_jax.sites._flat import is_var as is_var
+from peat_jax.sites._flat import shape_of as shape_of
+from peat_jax.sites._flat import suffix as suffix
+from peat_jax.sites._separable import MIXED as MIXED
+from peat_jax.sites._separable import batch_axes as batch_axes
+from peat_jax.sites._separable import leading_batch as leading_batch
+from peat_jax.sites._separable import one_sample as one_sample
+from peat_jax.sites._separable import separable as separable

@@ -33,7 +33,13 @@ class Visitor:
   Attributes:
     loop_indices: the iteration indices of the enclosing ``scan`` loops,
       outermost first (traced int32), while a body is evaluated.
+    inline: evaluate the bodies of the ``jit`` and ``remat`` constructs it
+      enters in place (no nested ``jit`` or ``checkpoint`` is rebuilt), so
+      that a trace of the evaluation is one flat jaxpr but for ``scan``,
+      ``cond`` and ``while`` (class attribute; default False).
   """
+
+  inline = False
 
   def __init__(self):
     self.loop_indices: list = []
@@ -124,6 +130,8 @@ def evaluate_container(eqn, invals, addr: tuple, v: Visitor):
   p = eqn.params
   if label == "jit":
     inner = p["jaxpr"]
+    if v.inline:
+      return evaluate(inner.jaxpr, inner.consts, invals, addr + (0,), v)
 
     def f(*a):
       return evaluate(inner.jaxpr, inner.consts, a, addr + (0,), v)
@@ -137,6 +145,8 @@ def evaluate_container(eqn, invals, addr: tuple, v: Visitor):
     return evaluate(inner.jaxpr, inner.consts, invals, addr + (0,), v)
   if label == "remat":
     inner = p["jaxpr"]
+    if v.inline:
+      return evaluate(inner, (), invals, addr + (0,), v)
 
     def g(*a):
       return evaluate(inner, (), a, addr + (0,), v)

@@ -1,0 +1,51 @@
+"""Playback records stay byte for byte what they were before playback was
+made faster (issue 22).
+
+The fixture (tests/profiler/records_fixture: ``make.py`` run with peat_jax
+at main 3ff0694) holds the ``playback.msgpack`` of small campaigns on the
+real CNN and a small GPT (``cases.py``): forward sites of a native conv2d
+and matmul KUT, composite sites (host references) and three KUTs played
+together, and the KUT's VJP at the backward sites. Each test makes the same
+golden run and playback with today's peat_jax and compares the bytes (same
+machine type: the core count decides the bits, see PITFALLS.md).
+"""
+
+import importlib.util
+import os
+
+import pytest
+
+import peat_jax as peat
+from peat_jax import models
+
+HERE = os.path.join(os.path.dirname(__file__), "records_fixture")
+_spec = importlib.util.spec_from_file_location(
+    "peat_records_fixture_cases", os.path.join(HERE, "cases.py"))
+cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cases)
+
+
+def _check(name, tmp_path):
+  with open(os.path.join(HERE, f"{name}.msgpack"), "rb") as f:
+    expected = f.read()
+  path = cases.run(peat, models, name, str(tmp_path))
+  with open(path, "rb") as f:
+    got = f.read()
+  assert len(got) == len(expected)
+  assert got == expected
+
+
+@pytest.mark.slow
+def test_cnn_conv2d_records_are_those_of_before(tmp_path):
+  _check("cnn_conv2d", tmp_path)
+
+
+@pytest.mark.slow
+def test_gpt_matmul_records_are_those_of_before(tmp_path):
+  _check("gpt_matmul", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt_many", "gpt_backward_kut"])
+def test_more_gpt_records_are_those_of_before(name, tmp_path):
+  _check(name, tmp_path)
