@@ -111,8 +111,8 @@ def detect(sig, *, repeat=None, dtype=None,
         "exact", 0.9, f"values equal; {f.ndiff} elements differ only in the "
         "sign of zero", {"signed_zeros": f.ndiff}))
   if not (cands and cands[0].model == "exact"):
-    if f.dec:
-      return _decomposed(f, cands)
+    if f.dec:  # new NaN/Inf are a fault on any noise: keep their rule
+      return _decomposed(f, cands + _rule_nonfinite(f))
     for rule in _RULES:
       if rule is _rule_rounding and cands:
         break  # a structural fault explains it; noise levels would only blur
