@@ -12,7 +12,9 @@ them:
 * ``_native``: the same pass as a native XLA FFI kernel (CPU);
 * ``_finalize``: state -> :class:`Signature`;
 * ``_api``: the jitted entry points below;
-* ``_references``: float64 references of every site kernel.
+* ``_references``: float64 references of every site kernel;
+* ``_invariance``: probes of a KUT beyond one call (mutated inputs, an
+  earlier call's values, ignored inputs, batch variance).
 """
 
 from peat_jax.analyzer._api import analyze as analyze
@@ -24,6 +26,7 @@ from peat_jax.analyzer._api import signature_init as signature_init
 from peat_jax.analyzer._api import signature_pure as signature_pure
 from peat_jax.analyzer._api import signature_update as signature_update
 from peat_jax.analyzer._api import split_on_device as split_on_device
+from peat_jax.analyzer._invariance import invariance_probe as invariance_probe
 from peat_jax.analyzer._ports import needs_probe as needs_probe
 from peat_jax.analyzer._ports import port_probe as port_probe
 from peat_jax.analyzer._references import REFERENCES as REFERENCES

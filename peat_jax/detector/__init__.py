@@ -8,7 +8,8 @@ verdict over many records) and ``_calibration`` (confusion matrices on
 errors of known cause), ``_composed`` (faults planted on a real port's own
 noise, and port mismatches), ``_outliers`` (faults read on the outliers of
 the noise-aware decomposition), ``_ports`` (another constant or closed
-form). docs/detector.md lists every rule with its
+form), ``_invariance`` (stale outputs, mutated inputs, batch variance,
+ignored inputs) and ``_invariance_calibration`` (their confusion matrix). docs/detector.md lists every rule with its
 derivation.
 """
 
@@ -30,6 +31,10 @@ from peat_jax.detector._facts import PRECISION_MODELS as PRECISION_MODELS
 from peat_jax.detector._facts import Candidate as Candidate
 from peat_jax.detector._facts import Diagnosis as Diagnosis
 from peat_jax.detector._facts import host_signature as host_signature
+from peat_jax.detector._invariance import INVARIANCE_MODELS as INVARIANCE_MODELS
+from peat_jax.detector._invariance import invariance_candidates as invariance_candidates
+from peat_jax.detector._invariance import with_invariance as with_invariance
+from peat_jax.detector._invariance_calibration import run_invariance_calibration as run_invariance_calibration
 from peat_jax.detector._verdict import FAIL_ON as FAIL_ON
 from peat_jax.detector._verdict import LOCALIZE_NOISE_RATIO as LOCALIZE_NOISE_RATIO
 from peat_jax.detector._verdict import VERDICTS as VERDICTS
