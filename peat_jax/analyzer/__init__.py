@@ -44,6 +44,7 @@ from peat_jax.analyzer._references import reference_matmul as reference_matmul
 from peat_jax.analyzer._references import reference_softmax as reference_softmax
 from peat_jax.analyzer._references import reference_traced as reference_traced
 from peat_jax.analyzer._references import reference_vjp_fn as reference_vjp_fn
+from peat_jax.analyzer._references import template_vjp as template_vjp
 from peat_jax.analyzer._references import TRACED_REFERENCES as TRACED_REFERENCES
 from peat_jax.analyzer._signature import HIST_BUCKETS as HIST_BUCKETS
 from peat_jax.analyzer._signature import LANES as LANES

@@ -117,14 +117,24 @@ def _perturbed(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
   return y
 
 
-def _repeat(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> dict:
-  ba, bb, bc = _bits(a), _bits(b), _bits(c)
-  changed = bc != ba
-  prev = changed & (bc == bb) & (bb != ba)
-  rows = np.any(prev.reshape(-1, a.shape[-1]) if a.ndim else prev, axis=-1)
-  return {"changed": int(np.sum(changed)), "from_previous": int(np.sum(prev)),
-          "rows_from_previous": int(np.sum(rows)),
-          "rows": int(rows.size)}
+def _holds(got: np.ndarray, want: np.ndarray, other: np.ndarray
+           ) -> tuple[int, int, int, int]:
+  """Elements where ``got`` differs from ``want``, those of them holding
+  ``other``'s bits (where ``other`` differs from ``want``), the rows with
+  such elements, and the rows."""
+  bg, bw, bo = _bits(got), _bits(want), _bits(other)
+  differ = bg != bw
+  held = differ & (bg == bo) & (bo != bw)
+  rows = np.any(held.reshape(-1, got.shape[-1]) if got.ndim else held, axis=-1)
+  return (int(np.sum(differ)), int(np.sum(held)), int(np.sum(rows)),
+          int(rows.size))
+
+
+def _repeat(a: np.ndarray, p: np.ndarray, c: np.ndarray) -> dict:
+  """C (the inputs again) against A, and how much of C holds P's bits."""
+  changed, prev, rows_prev, rows = _holds(c, a, p)
+  return {"changed": changed, "from_previous": prev,
+          "rows_from_previous": rows_prev, "rows": rows}
 
 
 def _insensitive(a, p, ref_a, ref_p) -> dict | None:
@@ -149,12 +159,9 @@ def _insensitive(a, p, ref_a, ref_p) -> dict | None:
 
 def _reuse(a: np.ndarray, d: np.ndarray, p: np.ndarray) -> dict:
   """D (new values in A's buffer) against P (them in a buffer of its own)."""
-  ba, bd, bp = _bits(a), _bits(d), _bits(p)
-  differ = bd != bp
-  old = differ & (bd == ba) & (ba != bp)
-  rows = np.any(old.reshape(-1, a.shape[-1]) if a.ndim else old, axis=-1)
-  return {"differ": int(np.sum(differ)), "from_earlier": int(np.sum(old)),
-          "rows_from_earlier": int(np.sum(rows)), "rows": int(rows.size)}
+  differ, old, rows_old, rows = _holds(d, p, a)
+  return {"differ": differ, "from_earlier": old, "rows_from_earlier": rows_old,
+          "rows": rows}
 
 
 _WRITE = jax.jit(lambda old, new: jax.lax.dynamic_update_slice(

@@ -77,25 +77,31 @@ def _mutation(facts: Mapping[str, Any]) -> list[Candidate]:
       "same buffers sees the changed inputs", {"inputs": changed})]
 
 
+def _held(differ: int, held: int, stale_words: str, nondet_words: str,
+          params: dict) -> list[Candidate]:
+  """``stale`` when another call's bits fill the differing elements, else
+  ``nondeterminism``."""
+  if held >= STALE_SHARE * differ and held >= min(MIN_PATTERN, differ):
+    return [Candidate("stale", 0.97, stale_words, params)]
+  return [Candidate("nondeterminism", 0.99, nondet_words,
+                    {"differing": differ})]
+
+
 def _repeat(out: Mapping[str, Any]) -> list[Candidate]:
   rep = out.get("repeat")
   if not rep or not rep["changed"]:
     return []
   changed, prev = int(rep["changed"]), int(rep["from_previous"])
-  if prev >= STALE_SHARE * changed and prev >= min(MIN_PATTERN, changed):
-    return [Candidate(
-        "stale", 0.97,
-        f"a second call on identical inputs, after a call on other inputs, "
-        f"returned that other call's bits at {prev} elements "
-        f"({rep['rows_from_previous']} of {rep['rows']} rows): an earlier "
-        "call's values, not this call's",
-        {"elements": prev, "rows": int(rep["rows_from_previous"]),
-         "source": "previous call"})]
-  return [Candidate(
-      "nondeterminism", 0.99,
+  return _held(
+      changed, prev,
+      f"a second call on identical inputs, after a call on other inputs, "
+      f"returned that other call's bits at {prev} elements "
+      f"({rep['rows_from_previous']} of {rep['rows']} rows): an earlier "
+      "call's values, not this call's",
       f"two KUT calls on identical inputs differ at {changed} elements "
       f"({prev} of them hold an intervening call's values)",
-      {"differing": changed})]
+      {"elements": prev, "rows": int(rep["rows_from_previous"]),
+       "source": "previous call"})
 
 
 def _reuse(out: Mapping[str, Any]) -> list[Candidate]:
@@ -103,20 +109,17 @@ def _reuse(out: Mapping[str, Any]) -> list[Candidate]:
   if not rep or not rep["differ"]:
     return []
   differ, old = int(rep["differ"]), int(rep["from_earlier"])
-  if old >= STALE_SHARE * differ and old >= min(MIN_PATTERN, differ):
-    return [Candidate(
-        "stale", 0.97,
-        f"new values written into the input's own buffer (same address) "
-        f"gave back the previous call's bits at {old} elements "
-        f"({rep['rows_from_earlier']} of {rep['rows']} rows) instead of what "
-        "the same values in a buffer of their own give: a result kept for "
-        "the address, and training reuses its buffers every step",
-        {"elements": old, "rows": int(rep["rows_from_earlier"]),
-         "source": "previous call at the same address"})]
-  return [Candidate(
-      "nondeterminism", 0.99,
+  return _held(
+      differ, old,
+      f"new values written into the input's own buffer (same address) "
+      f"gave back the previous call's bits at {old} elements "
+      f"({rep['rows_from_earlier']} of {rep['rows']} rows) instead of what "
+      "the same values in a buffer of their own give: a result kept for "
+      "the address, and training reuses its buffers every step",
       f"the same inputs in two buffers give results that differ at "
-      f"{differ} elements", {"differing": differ})]
+      f"{differ} elements",
+      {"elements": old, "rows": int(rep["rows_from_earlier"]),
+       "source": "previous call at the same address"})
 
 
 def _history(out: Mapping[str, Any]) -> list[Candidate]:

@@ -88,23 +88,9 @@ def site_fn(call, params: dict) -> Callable | None:
       args, kwargs = _rebuild(template, xs)
       return kut(*args, **kwargs)
     return forward
-  n = sum(template[2])
-
   def backward(*xs):
-    arrays, cts = list(xs[:n]), list(xs[n:])
-    floats = [i for i, a in enumerate(arrays)
-              if jnp.issubdtype(a.dtype, jnp.floating)]
-
-    def f(*vals):
-      arr = list(arrays)
-      for i, v in zip(floats, vals):
-        arr[i] = v
-      args, kwargs = _rebuild(template, arr)
-      return kut(*args, **kwargs)
-
-    out, vjp = jax.vjp(f, *[arrays[i] for i in floats])
-    ct = (type(out)(cts) if isinstance(out, (tuple, list)) else cts[0])
-    return tuple(vjp(ct))
+    _, cts, vjp = _analyzer.template_vjp(kut, template, xs)
+    return tuple(vjp(cts))
   return backward
 
 
