@@ -15,7 +15,7 @@ in one known way beyond one call's values, probed like a playback site
 | the first call's result for every input | ``input_insensitive`` |
 | every second element of the last input axis ignored (a subsampled reduction; matmul) | ``input_insensitive`` |
 | the right result, then its first input zeroed in place | ``input_mutation`` |
-| the float64 reference rounded, below the full batch's rows | ``batch_variance`` |
+| the float64 reference rounded, below the full batch's rows (where the rows can be computed apart) | ``batch_variance`` |
 
 The in-place write of ``input_mutation`` and the address cache need CPU
 device buffers (``unsafe_buffer_pointer``); elsewhere they are skipped.
@@ -131,36 +131,40 @@ def _cpu() -> bool:
   return jax.devices()[0].platform == "cpu"
 
 
-def _batch_variant_itself(golden: Callable, inputs, in_axes) -> bool:
-  """Whether the golden kernel's own rows depend on the batch around them."""
+def _own_batch_variance(golden: Callable, inputs, in_axes) -> bool | None:
+  """Whether the golden kernel's own rows depend on the batch around them;
+  None when its rows cannot be computed apart (an argument bound to the
+  whole batch, e.g. a per-example mask)."""
   g = jax.jit(golden)
   full = np.asarray(g(*inputs))
   rows = np.shape(inputs[0])[0]
+  variant = False
   for stop in (1, (rows + 1) // 2):
     if not 1 <= stop < rows:
       continue
     sub = [x if ax is None else np.asarray(x)[:stop]
            for x, ax in zip(inputs, in_axes)]
-    if not np.array_equal(np.asarray(g(*sub)), full[:stop]):
-      return True
-  return False
+    part = np.asarray(g(*sub))
+    if part.shape != full[:stop].shape:
+      return None
+    variant |= not np.array_equal(part, full[:stop])
+  return variant
 
 
 def behaviours(case: _cal.CalibrationCase, inputs, reference: Callable
                ) -> list[tuple[str, str, Callable]]:
   """(name, expected model, KUT) of one case (module docstring)."""
   g = case.golden_fn
-  own = ("batch_variance" if _batch_variant_itself(g, inputs,
-                                                   _axes(case, inputs)[0])
-         else "exact")
-  out = [("golden", own, jax.jit(g))]
+  own = _own_batch_variance(g, inputs, _axes(case, inputs)[0])
+  out = [("golden", "batch_variance" if own else "exact", jax.jit(g))]
   if case.native is not None and case.native_variants.get("default"):
     out.append(("native:default", case.native_variants["default"],
                 case.native("default")))
   out += [("stale_rows", "stale", _StaleRows(g, inputs)),
-          ("constant", "input_insensitive", _Constant(g)),
-          ("batch_variant", "batch_variance",
-           _batch_variant(g, reference, int(np.shape(inputs[0])[0])))]
+          ("constant", "input_insensitive", _Constant(g))]
+  if own is not None:  # rows that can be computed apart
+    out.append(("batch_variant", "batch_variance",
+                _batch_variant(g, reference, int(np.shape(inputs[0])[0]))))
   if case.kernel == "matmul":
     out.append(("subsampled", "input_insensitive", _subsampled(g)))
   if _cpu():
