@@ -148,3 +148,20 @@ def test_new_nan_on_a_dense_error_is_named_nan(escape_lib):
                      context={"kernel": "softmax", "reduction": 40})
   assert diag.model == "nan" and diag.verdict == "fail"
   assert np.isnan(t[:4]).any() and np.isfinite(t[4:]).all()
+
+
+def test_permuted_batches_on_a_reference_are_indexing(escape_lib):
+  """The strided port's output is golden's bits in other places; with a
+  float64 reference the record is decomposed, and still indexing."""
+  import escape_jax  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(8)
+  q = rng.standard_normal((2, 40, 4, 32)).astype(np.float32)
+  k = rng.standard_normal((2, 40, 4, 32)).astype(np.float32)
+  dn = (((3,), (3,)), ((0, 2), (0, 2)))
+  g = np.asarray(lax.dot_general(q, k, dn))
+  t = np.asarray(escape_jax.dot_general_by_stride(q, k, dimension_numbers=dn))
+  r = np.einsum("bthd,bshd->bhts", q.astype(np.float64), k.astype(np.float64))
+  diag = peat.detect(peat.analyze(t, g, r),
+                     context={"kernel": "dot_general", "reduction": 32})
+  assert diag.model == "indexing" and diag.verdict == "fail"
+  assert "multiset of golden bit patterns" in diag.evidence
