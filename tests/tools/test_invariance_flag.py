@@ -9,15 +9,9 @@ from peat_jax import profiler
 from peat_jax.tools import playback
 
 
-@pytest.fixture
-def campaign(profiled, tmp_path):
-  """A copy of the profiled campaign (the other tools' tests read theirs)."""
-  d = tmp_path / "campaign"
-  shutil.copytree(profiled[0], d)
-  return d
-
-
-def test_playback_tool_probes_the_sites(campaign, cli):
+def test_playback_tool_probes_the_sites(profiled, cli, tmp_path):
+  campaign = tmp_path / "campaign"  # a copy: the other tests read theirs
+  shutil.copytree(profiled[0], campaign)
   rc, out, err = cli.run(playback, [f"--campaign_dir={campaign}",
                                     f"--kut={cli.kut}", "--steps=0",
                                     "--invariance"])
