@@ -84,3 +84,27 @@ def byo(tmp_path_factory):
   yield d
   sys.path.remove(str(d))
   sys.modules.pop("byo_model", None)
+
+
+ESCAPE_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "benchmarks", "escape")
+
+
+@pytest.fixture(scope="session")
+def escape_lib(tmp_path_factory):
+  """The escape suite's C++ kernels (benchmarks/escape/escape_kernels.cc),
+  compiled for the session; its JAX ports (``escape_jax``) importable."""
+  import shutil
+  import subprocess
+  import jax
+  gxx = shutil.which("g++")
+  if gxx is None:
+    pytest.skip("g++ is not installed: cannot build the escape kernels")
+  out = str(tmp_path_factory.mktemp("escape") / "libescape_kernels.so")
+  subprocess.run([gxx, "-std=c++17", "-O2", "-fPIC", "-shared",
+                  f"-isystem{jax.ffi.include_dir()}",
+                  os.path.join(ESCAPE_DIR, "escape_kernels.cc"), "-o", out],
+                 check=True)
+  sys.path.insert(0, ESCAPE_DIR)
+  yield out
+  sys.path.remove(ESCAPE_DIR)

@@ -12,6 +12,7 @@ ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
 ``--scenario`` ... or the user's ``--task=<module>:<function>``),
 :func:`define_kut_flags` (``--kut`` and ``--kernel``),
 :func:`define_backward_flag` (``--backward=golden|kut``),
+:func:`define_invariance_flag` (``--invariance``),
 :func:`define_fail_on` and :func:`exit_status` (``--fail_on``: exit status 1
 when the verdict reaches it) and :func:`campaign_dir_and_steps` (the
 campaign tools' required directory and step list). :func:`run` refuses
@@ -408,6 +409,23 @@ def define_backward_flag(flag_values: flags.FlagValues):
       "forward sites (native backward targets, torch autograd, a registered "
       "KUT's own custom_vjp), each backward site recorded. A campaign "
       "directory holds one or the other.", flag_values=flag_values)
+
+
+def define_invariance_flag(flag_values: flags.FlagValues):
+  """Defines --[no]invariance in a playback tool's flags.
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+
+  Returns:
+    The flag's holder.
+  """
+  return flags.DEFINE_bool(
+      "invariance", False,
+      "Also probe the KUT at each forward site and composite backward site "
+      "for stale outputs (an earlier call's values), inputs changed in "
+      "place, ignored inputs and batch variance (five more KUT calls per "
+      "site and checkpoint; docs/detector.md).", flag_values=flag_values)
 
 
 def define_report_backward_flag(flag_values: flags.FlagValues):

@@ -10,6 +10,9 @@ matmul (Linear), convolution, softmax, layer norm, attention and GELU on the
 next batch, and runs :func:`peat_jax.detector.run_calibration` on those
 inputs: tensor injectors, computation injectors and native kernel variants.
 Prints the confusion matrix, per-model accuracy, false alarms and misses.
+``--composed`` plants faults on benign bases; ``--invariance`` calibrates
+the invariance models (stale, input_mutation, input_insensitive,
+batch_variance) with KUTs of known behaviour on the same inputs.
 """
 
 import functools
@@ -43,6 +46,11 @@ _COMPOSED = flags.DEFINE_bool(
     "Composed cases instead: faults planted on benign bases (a real port's "
     "own rounding noise or precision), the bases alone, and port "
     "mismatches (float32); accuracy by family.", flag_values=FLAGS)
+_INVARIANCE = flags.DEFINE_bool(
+    "invariance", False,
+    "Invariance cases instead: KUTs that return an earlier call's values, "
+    "ignore their input, change it in place or depend on the batch, probed "
+    "as in playback (float32).", flag_values=FLAGS)
 
 # Source models: small enough to capture in seconds, real data and training.
 SOURCES = {
@@ -199,6 +207,8 @@ def main(argv):
   if _COMPOSED.value:
     result = peat.detector.run_composed_calibration(
         cases, dtypes=_DTYPES.value, seeds=seeds, progress=print)
+  elif _INVARIANCE.value:
+    result = peat.detector.run_invariance_calibration(cases, progress=print)
   else:
     result = peat.detector.run_calibration(
         cases, dtypes=_DTYPES.value, seeds=seeds, progress=print)

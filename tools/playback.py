@@ -17,7 +17,9 @@ diagnosis plus the step's effect on loss, gradient norm and parameter update
 in <campaign_dir>/playback.msgpack. With --backward=kut the KUT's VJP runs
 at the backward sites of the selected forward sites too, and each backward
 site is recorded (one signature per cotangent, against the golden VJP and a
-float64 reference VJP). The golden run must exist
+float64 reference VJP). With --invariance the KUT is also probed for stale
+outputs, inputs changed in place, ignored inputs and batch variance at each
+played site (docs/detector.md). The golden run must exist
 (peat-profile or peat-validate made it) and --scenario, --batch_size and
 --overrides must match it.
 
@@ -67,6 +69,7 @@ _PHASE = flags.DEFINE_list(
     "phase", ["fwd"], "--ops only: site phases to play back (fwd, bwd); "
     "empty for every captured phase.", flag_values=FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
+_INVARIANCE = _cli.define_invariance_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS, "Model playback: the golden run's")
 
 
@@ -81,6 +84,7 @@ def _model(directory: str, steps, kut) -> tuple[list, list, list]:
   result = peat.playback(
       task, golden, kut, campaign_dir=directory, steps=steps,
       select=_SELECT.value, backward=_BACKWARD.value,
+      invariance=_INVARIANCE.value,
       progress=_cli.Eta(n, prefixes=("playback step",)))
   return result.records, result.sites, result.effects
 
@@ -110,6 +114,12 @@ def main(argv: list[str]) -> int:
     print("error: --ops replays captured site inputs, one kernel call at a "
           "time, without the KUT's VJP; --backward=kut needs model playback "
           "(drop --ops)", file=sys.stderr)
+    return 2
+  if _OPS.value and _INVARIANCE.value:
+    print("error: --invariance probes the KUT at the sites of model "
+          "playback (its outputs over checkpoints, in-place writes into "
+          "live buffers); --ops replays captured inputs. Drop one of them",
+          file=sys.stderr)
     return 2
   try:
     kut = _KUT.spec()  # parsed once, before any work

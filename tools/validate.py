@@ -14,7 +14,9 @@ Runs (or resumes) the golden run, playback FI at every checkpoint, runtime FI
 at each frequency, the verdict and the report, all in ``--campaign_dir``.
 ``--backward=kut`` also runs the KUT's VJP at the backward sites of its
 forward sites (each one recorded and diagnosed); the default
-``--backward=golden`` asks the forward-only question.
+``--backward=golden`` asks the forward-only question. ``--invariance``
+also probes the KUT for stale outputs, inputs changed in place, ignored
+inputs and batch variance at every played site.
 
 Exit status: 0, or 1 when the verdict reaches ``--fail_on`` (default
 ``fail``; ``warn`` for a stricter CI gate, ``never``), 2 on bad input.
@@ -84,6 +86,7 @@ _STARTUP_S = flags.DEFINE_float(
     "Isolation: extra seconds for each worker's first checkpoint (import, "
     "tracing, compilation).", flag_values=FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
+_INVARIANCE = _cli.define_invariance_flag(FLAGS)
 _MEMORY_LIMIT_MB = flags.DEFINE_integer(
     "memory_limit_mb", peat.profiler.MEMORY_LIMIT_MB,
     "Isolation: resident memory (MiB) a worker may use; 0 for no limit.",
@@ -127,7 +130,7 @@ def main(argv: list[str]) -> int:
         isolate={"auto": None, "on": True, "off": False}[_ISOLATE.value],
         timeout_s=_TIMEOUT_S.value, startup_s=_STARTUP_S.value,
         memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print,
-        backward=_BACKWARD.value)
+        backward=_BACKWARD.value, invariance=_INVARIANCE.value)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -17,6 +17,8 @@ them:
   outliers beyond it and their structure);
 * ``_ports``: the port probe (another constant, form or input precision);
 * ``_ratios``: the per-metric ratio view (KUT over golden error).
+* ``_invariance``: probes of a KUT beyond one call (mutated inputs, an
+  earlier call's values, ignored inputs, batch variance).
 """
 
 from peat_jax.analyzer._api import analyze as analyze
@@ -28,6 +30,7 @@ from peat_jax.analyzer._api import signature_init as signature_init
 from peat_jax.analyzer._api import signature_pure as signature_pure
 from peat_jax.analyzer._api import signature_update as signature_update
 from peat_jax.analyzer._api import split_on_device as split_on_device
+from peat_jax.analyzer._invariance import invariance_probe as invariance_probe
 from peat_jax.analyzer._ports import needs_probe as needs_probe
 from peat_jax.analyzer._ratios import RATIO_METRICS as RATIO_METRICS
 from peat_jax.analyzer._ratios import metric_ratios as metric_ratios
@@ -48,6 +51,7 @@ from peat_jax.analyzer._references import reference_matmul as reference_matmul
 from peat_jax.analyzer._references import reference_softmax as reference_softmax
 from peat_jax.analyzer._references import reference_traced as reference_traced
 from peat_jax.analyzer._references import reference_vjp_fn as reference_vjp_fn
+from peat_jax.analyzer._references import template_vjp as template_vjp
 from peat_jax.analyzer._references import TRACED_REFERENCES as TRACED_REFERENCES
 from peat_jax.analyzer._signature import HIST_BUCKETS as HIST_BUCKETS
 from peat_jax.analyzer._signature import LANES as LANES

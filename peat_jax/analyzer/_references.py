@@ -446,6 +446,41 @@ def reference_fn(kernel: str, params: dict) -> Callable:
                   f"{', '.join(REFERENCES)}")
 
 
+def template_vjp(fn: Callable, template: tuple, xs: Sequence) -> tuple:
+  """``jax.vjp`` of a recorded composite call at its floating-point arrays.
+
+  Args:
+    fn: called as ``fn(*args, **kwargs)`` of the call (the golden kernel's
+      reference, or a kernel under test).
+    template: the call's ``(treedef, leaves, is_array)``
+      (``kernels.kut.recording``).
+    xs: the call's array arguments, then the output cotangents (a
+      composite backward site's inputs).
+
+  Returns:
+    ``(outputs, cotangents, vjp)``: ``fn``'s output leaves, the given
+    cotangents, and the function of output cotangents returning those of
+    the floating-point array arguments.
+  """
+  treedef, leaves, is_array = template
+  n = sum(is_array)
+  arrays, cts = list(xs[:n]), list(xs[n:])
+  floats = [i for i, x in enumerate(arrays)
+            if jnp.issubdtype(x.dtype, jnp.floating)]
+
+  def run(*fl):
+    full = list(arrays)
+    for i, x in zip(floats, fl):
+      full[i] = x
+    it = iter(full)
+    lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
+    args, kwargs = jax.tree.unflatten(treedef, lv)
+    return jax.tree.leaves(fn(*args, **kwargs))
+
+  outs, vjp = jax.vjp(run, *[arrays[i] for i in floats])
+  return outs, cts, vjp
+
+
 def reference_vjp_fn(kernel: str, params: dict) -> Callable | None:
   """The float64 VJP of a composite's reference, for its backward site.
 
@@ -470,24 +505,11 @@ def reference_vjp_fn(kernel: str, params: dict) -> Callable | None:
   core = TRACED_REFERENCES.get(kernel)
   if core is None or "template" not in params:
     return None
-  treedef, leaves, is_array = params["template"]
-  n = sum(is_array)
+  template = params["template"]
 
   def vjp64(*xs):
-    arrays, cts = list(xs[:n]), list(xs[n:])
-    floats = [i for i, x in enumerate(arrays)
-              if jnp.issubdtype(x.dtype, jnp.floating)]
-
-    def run(*fl):
-      full = list(arrays)
-      for i, x in zip(floats, fl):
-        full[i] = x
-      it = iter(full)
-      lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
-      args, kwargs = jax.tree.unflatten(treedef, lv)
-      return jax.tree.leaves(core(*args, **kwargs))
-
-    outs, vjp = jax.vjp(run, *[arrays[i] for i in floats])
+    outs, cts, vjp = template_vjp(
+        lambda *a, **k: core(*a, **k), template, xs)
     if [np.shape(o) for o in outs] != [np.shape(c) for c in cts]:
       return None
     return list(vjp([c.astype(o.dtype) for c, o in zip(cts, outs)]))

@@ -10,7 +10,9 @@ ratio rising over the checkpoints, weights moved beyond the bf16 proxy),
 ``_composed`` (faults planted on a real port's own noise, and port
 mismatches), ``_outliers`` (faults read on the outliers of the
 noise-aware decomposition), ``_ports`` (another constant or closed
-form). docs/detector.md lists every rule with its
+form), ``_invariance`` (stale outputs, mutated inputs, batch
+variance, ignored inputs) and ``_invariance_calibration`` (their confusion
+matrix). docs/detector.md lists every rule with its
 derivation.
 """
 
@@ -32,6 +34,10 @@ from peat_jax.detector._facts import PRECISION_MODELS as PRECISION_MODELS
 from peat_jax.detector._facts import Candidate as Candidate
 from peat_jax.detector._facts import Diagnosis as Diagnosis
 from peat_jax.detector._facts import host_signature as host_signature
+from peat_jax.detector._invariance import INVARIANCE_MODELS as INVARIANCE_MODELS
+from peat_jax.detector._invariance import invariance_candidates as invariance_candidates
+from peat_jax.detector._invariance import with_invariance as with_invariance
+from peat_jax.detector._invariance_calibration import run_invariance_calibration as run_invariance_calibration
 from peat_jax.detector._training import BF16_PROXY_LIMIT as BF16_PROXY_LIMIT
 from peat_jax.detector._training import TREND_FACTOR as TREND_FACTOR
 from peat_jax.detector._training import TREND_MIN_STEPS as TREND_MIN_STEPS

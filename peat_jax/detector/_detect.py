@@ -116,8 +116,10 @@ def detect(sig, *, repeat=None, dtype=None,
         "exact", 0.9, f"values equal; {f.ndiff} elements differ only in the "
         "sign of zero", {"signed_zeros": f.ndiff}))
   if not (cands and cands[0].model == "exact"):
-    if f.dec:
-      return _nonfinite_fails(_decomposed(f, cands), s)
+    if f.dec:  # exact traces hold on any noise: new NaN/Inf, golden's
+      # bit patterns moved (a transpose, shift or permutation)
+      return _nonfinite_fails(_decomposed(
+          f, cands + _rule_nonfinite(f) + _rule_indexing(f)), s)
     for rule in _RULES:
       if rule is _rule_rounding and cands:
         break  # a structural fault explains it; noise levels would only blur

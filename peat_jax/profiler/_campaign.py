@@ -45,7 +45,7 @@ LOCK_FILE = _layout.LOCK_FILE
 #: 2: checksummed record frames, crashes.msgpack.
 CAMPAIGN_FORMAT = 2
 #: Settings newer than format 2, with the value a campaign without them had.
-_LATER_SETTINGS = {"backward": "golden"}
+_LATER_SETTINGS = {"backward": "golden", "invariance": False}
 
 
 # --------------------------------------------------------------- campaign
@@ -184,7 +184,8 @@ def validate(task: TrainTask | TaskFactory,
              startup_s: float = _isolate.STARTUP_S,
              memory_limit_mb: int | None = _isolate.MEMORY_LIMIT_MB,
              progress: Callable[[str], None] | None = print,
-             backward: str = "golden") -> CampaignPaths:
+             backward: str = "golden",
+             invariance: bool = False) -> CampaignPaths:
   """Runs a whole campaign: golden, playback, runtime FI, verdict, report.
 
   With isolation, playback and runtime FI run in worker processes with time
@@ -224,6 +225,10 @@ def validate(task: TrainTask | TaskFactory,
       backward site recorded: one signature per cotangent against the
       golden VJP and a float64 reference VJP) and in runtime FI. Part of
       the campaign's settings: a directory holds one or the other.
+    invariance: playback also probes the KUT for stale outputs, mutated
+      inputs, ignored inputs and batch variance at each forward site and
+      composite backward site (``peat.playback``'s ``invariance``); part
+      of the campaign's settings.
 
   Returns:
     :class:`CampaignPaths`.
@@ -240,6 +245,8 @@ def validate(task: TrainTask | TaskFactory,
   factory = task if isinstance(task, TaskFactory) else None
   spec = _kut.as_spec(kut_spec)
   _kut.check_backward(backward, spec)
+  if not isinstance(invariance, bool):
+    raise PeatError(f"invariance must be True or False; got {invariance!r}")
   kut_spec = spec.spec  # the records' and the report's key
   isolated = _use_isolation(isolate, spec, factory, say)
   if factory is not None:
@@ -257,7 +264,8 @@ def validate(task: TrainTask | TaskFactory,
               "checkpoint_every": checkpoint_every,
               "frequencies": ",".join(frequencies),
               "runtime_steps": runtime_steps, "select": select or "",
-              "seed": seed, "backward": backward}
+              "seed": seed, "backward": backward,
+              "invariance": invariance}
   with campaign_lock(directory):
     _check_settings(directory, settings)
     t0 = time.perf_counter()
@@ -278,10 +286,12 @@ def validate(task: TrainTask | TaskFactory,
     if isolated:
       _isolated.isolated_playback(factory, g.workdir, spec,
                                   campaign_dir=directory, select=select,
-                                  progress=say, backward=backward, **limits)
+                                  progress=say, backward=backward,
+                                  invariance=invariance, **limits)
     else:
       playback(task, g.workdir, spec, campaign_dir=directory,
-               select=select, progress=say, backward=backward)
+               select=select, progress=say, backward=backward,
+               invariance=invariance)
     if frequencies:
       say(f"[3/4] runtime FI{bwd}: {', '.join(frequencies)}, "
           f"{runtime_steps} steps{iso}")

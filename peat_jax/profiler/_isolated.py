@@ -101,7 +101,8 @@ def _register_builtin(kut_spec: str) -> None:
 
 def play_steps(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, select: Any,
                steps: Sequence[int],
-               backward: str = "golden") -> Iterator[tuple]:
+               backward: str = "golden",
+               invariance: bool = False) -> Iterator[tuple]:
   """Worker job: the records of each step, by a :class:`Player`."""
   _register_builtin(kut_spec.spec)
   task = TaskFactory(*factory).build()
@@ -113,7 +114,8 @@ def play_steps(factory: tuple, ckpt: str, kut_spec: _kut.KutSpec, select: Any,
       if player is None:
         player = _player.Player(task, kut_spec, state,
                                   task.batch_at(int(state.data_position)),
-                                  select=select, backward=backward)
+                                  select=select, backward=backward,
+                                  invariance=invariance)
         yield ("sites", list(player.site_names))
         player.compile(state)  # everything but the KUT's run: no hang yet
         yield ("warm",)
@@ -162,7 +164,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
                       startup_s: float = STARTUP_S,
                       memory_limit_mb: int | None = MEMORY_LIMIT_MB,
                       progress: Callable[[str], None] | None = None,
-                      backward: str = "golden"
+                      backward: str = "golden", invariance: bool = False
                       ) -> _playback.PlaybackResult:
   """Playback FI (as :func:`peat_jax.playback`) in worker processes.
 
@@ -186,6 +188,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
     memory_limit_mb: a worker's resident memory limit (None: none).
     progress: called with one line per step.
     backward: as for :func:`peat_jax.playback`.
+    invariance: as for :func:`peat_jax.playback`.
 
   Returns:
     The :class:`peat_jax.PlaybackResult` of the steps that completed
@@ -214,7 +217,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
   while todo:
     w = Worker(__name__, "play_steps",
                dict(factory=fac, ckpt=ckpt, kut_spec=spec, select=select,
-                    steps=list(todo), backward=backward), limits,
+                    steps=list(todo), backward=backward,
+                    invariance=invariance), limits,
                what="step")
     t0 = time.perf_counter()
     with contextlib.closing(w.events()) as events:

@@ -255,7 +255,8 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
              select: str | Sequence[str] | None = None,
              progress: Callable[[str], None] | None = None,
              prefetch: int = 1,
-             backward: str = "golden") -> PlaybackResult:
+             backward: str = "golden",
+             invariance: bool = False) -> PlaybackResult:
   """Playback FI of a KUT at every saved checkpoint of a golden run.
 
   For each saved step s (all but the last, or ``steps``): restore, and let a
@@ -281,6 +282,12 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
       too (a signature per cotangent against the golden VJP and a float64
       reference VJP). Records carry the setting (``"backward": "kut"``;
       none for ``"golden"``), so the two never mix.
+    invariance: also probe the KUT at each forward site and composite
+      backward site for stale outputs (an earlier call's or checkpoint's
+      values), mutated inputs, ignored inputs and batch variance; records
+      get ``"invariance"`` facts and the diagnosis names ``stale``,
+      ``input_mutation``, ``input_insensitive`` or ``batch_variance`` where
+      they hold (docs/detector.md). Six more KUT calls per site and step.
 
   Returns:
     A :class:`PlaybackResult`.
@@ -296,7 +303,7 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
   return playback_many(task, golden_dir, [spec],
                        campaign_dir=campaign_dir, steps=steps, select=select,
                        progress=progress, prefetch=prefetch,
-                       backward=backward)[spec.spec]
+                       backward=backward, invariance=invariance)[spec.spec]
 
 
 def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
@@ -306,7 +313,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
                   select: str | Sequence[str] | None = None,
                   progress: Callable[[str], None] | None = None,
                   prefetch: int = 1,
-                  backward: str = "golden") -> dict[str, PlaybackResult]:
+                  backward: str = "golden",
+                  invariance: bool = False) -> dict[str, PlaybackResult]:
   """Playback FI of several KUTs together, one restore per checkpoint.
 
   Each checkpoint is restored once and played by a :class:`PlayerGroup`:
@@ -321,8 +329,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
     task: the golden run's task.
     golden_dir: the golden run's workdir (or its checkpoint directory).
     kut_specs: distinct specs of :func:`peat_jax.kernels.kut.resolve_kut`.
-    campaign_dir, steps, select, progress, prefetch, backward: as
-      :func:`playback` (one ``backward`` for every KUT).
+    campaign_dir, steps, select, progress, prefetch, backward,
+      invariance: as :func:`playback` (one setting for every KUT).
 
   Returns:
     KUT spec -> its :class:`PlaybackResult` (``seconds_per_step`` is the
@@ -339,6 +347,10 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
   if not isinstance(prefetch, int) or prefetch < 0:
     raise PeatError(f"prefetch must be an int >= 0 (checkpoints restored "
                     f"ahead); got {prefetch!r}")
+  if not isinstance(invariance, bool):
+    raise PeatError(f"invariance must be True (probe the KUT for stale "
+                    f"outputs, mutated or ignored inputs, batch variance) or "
+                    f"False; got {invariance!r}")
   say = progress or (lambda s: None)
   plans = {k: playback_plan(golden_dir, k, campaign_dir, steps, backward)
            for k in specs}
@@ -355,7 +367,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
       if group is None:
         group = PlayerGroup(task, parsed, state,
                             task.batch_at(int(state.data_position)),
-                            select=select, backward=backward)
+                            select=select, backward=backward,
+                            invariance=invariance)
       recs = group.play(s, state)
       for k in specs:
         if s in todo[k]:

@@ -23,6 +23,7 @@ from peat_jax.profiler._train_state import TrainTask
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler._site_records import (
     DeviceReferences, _SharedReferences, site_records)
+from peat_jax.profiler._invariance import InvarianceChecks
 
 
 class SiteCall(NamedTuple):
@@ -161,7 +162,7 @@ class Player:
   def __init__(self, task: TrainTask, kut_spec: "str | _kut.KutSpec", state,
                batch, *,
                select: str | Sequence[str] | None = None,
-               backward: str = "golden"):
+               backward: str = "golden", invariance: bool = False):
     """Selects the sites and builds (does not yet compile) the steps.
 
     Args:
@@ -173,6 +174,9 @@ class Player:
       backward: ``"golden"`` (the golden kernel at the backward sites) or
         ``"kut"`` (the KUT's VJP at the backward sites of the selected
         forward sites, tapped and recorded too).
+      invariance: also probe the KUT at every forward site and composite
+        backward site for stale outputs, mutated inputs, ignored inputs and
+        batch variance (``peat_jax.profiler._invariance``; docs/detector.md).
 
     Raises:
       PeatError: unknown spec, no selected site, a bad ``backward``, a
@@ -186,6 +190,8 @@ class Player:
                                  backward)
     self.site_names = [c.site.name for c in self.calls]
     self._store: dict = {}
+    self._invariance = (InvarianceChecks(self.calls, self._store)
+                        if invariance else None)
     tapped = _sites.tap(task.step_fn, *[self._tap_sub(c) for c in self.calls])
     eff = [_sites.Substitution(
         self.calls[0].sub.kut, sites=tuple(self.site_names),
@@ -295,6 +301,8 @@ class Player:
                           taps[c.site.name]) for c in self.calls],
                         self.kut_spec, int(step), refs,
                         backward=self.backward, laps=laps)
+    if self._invariance is not None:
+      recs = self._invariance.annotate(int(step), recs, taps)
     gm, km = jax.device_get((gm, km))
     lg, lk = float(gm["loss"]), float(km["loss"])
     gng, gnk = float(gm["grad_norm"]), float(km["grad_norm"])
@@ -324,7 +332,7 @@ class PlayerGroup:
 
   def __init__(self, task: TrainTask, kut_specs: Sequence[str], state,
                batch, *, select: str | Sequence[str] | None = None,
-               backward: str = "golden"):
+               backward: str = "golden", invariance: bool = False):
     """Selects every KUT's sites and builds (not compiles) the call.
 
     Args:
@@ -334,6 +342,7 @@ class PlayerGroup:
       batch: a batch of the task.
       select: narrow every spec's sites (as :class:`Player`).
       backward: as :class:`Player`, for every KUT.
+      invariance: as :class:`Player`, for every KUT.
 
     Raises:
       PeatError: no spec, a repeated spec, an unknown spec, a spec that
@@ -341,7 +350,7 @@ class PlayerGroup:
     """
     self.task = task
     self.players = {k.spec: Player(task, k, state, batch, select=select,
-                                   backward=backward)
+                                   backward=backward, invariance=invariance)
                     for k in _check_specs(kut_specs)}
     fns = [p.both for p in self.players.values()]
     self._steps = jax.jit(lambda state, batch: [f(state, batch)
