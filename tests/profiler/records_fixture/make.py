@@ -1,4 +1,5 @@
-"""Writes the record fixture (run once, with peat_jax at main 3ff0694).
+"""Writes the record fixture (run with peat_jax at main 3ff0694; gpt_backward_kut
+rewritten at ea885b3, after the attention backward pairing fix of 1883063).
 
   .venv/bin/python tests/profiler/records_fixture/make.py
 
