@@ -10,7 +10,8 @@ the *outliers* beyond it:
   the unit roundoff of the record's format and ``scale = |r| + rms_row(r)``
   (a row's RMS stands in for the size of the terms that were summed: the
   rounding error of an output near zero, where terms cancel, is not small
-  relative to the row). ``z_t = |t - r| / (u scale)`` and
+  relative to the row; a row that cancels whole, its reference at most
+  ``CANCELLED_ROW`` of the tensor's RMS, takes the tensor's RMS). ``z_t = |t - r| / (u scale)`` and
   ``z_g = |g - r| / (u scale)``;
 * the envelope is calibrated on the golden kernel itself: a different,
   correct summation order has errors of the golden kernel's own size, a
@@ -60,6 +61,13 @@ NO_REFERENCE_Z = 256.0
 #: Outliers are also beyond this many times the KUT's median error (its own
 #: dense rounding: rounding to nearest is bounded by 2x its median).
 DENSE_FACTOR = 16.0
+#: A row whose reference RMS is at most this share of the tensor's (exactly
+#: zero rows, or float64 residues of an exact cancellation, such as the
+#: first query's dQ in causal attention: one visible key, dS = 0) has no
+#: size of its own: its terms are the tensor's, and the tensor's RMS stands
+#: in for its row RMS (float32's unit roundoff: below it a row is rounding
+#: residue at any working precision).
+CANCELLED_ROW = 2.0 ** -24
 #: Bins of the value (sign and quarter octaves of |r| / rms) for the
 #: "error is a function of the value" statistic.
 VALUE_BINS = 128
@@ -334,6 +342,9 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   row_ms = jnp.sum(jnp.where(fp, r * r, 0.0), axis=1) / jnp.maximum(
       jnp.sum(fp, axis=1), 1)
   row_rms = jnp.sqrt(row_ms)
+  row_n = jnp.sum(fp, axis=1)
+  all_rms = jnp.sqrt(jnp.sum(row_ms * row_n) / jnp.maximum(jnp.sum(row_n), 1))
+  row_rms = jnp.where(row_rms <= CANCELLED_ROW * all_rms, all_rms, row_rms)
   scale = jnp.abs(r) + row_rms[:, None]
   tiny = jnp.finfo(cdt).tiny
   unit = u * jnp.maximum(scale, tiny)

@@ -1,0 +1,96 @@
+"""Rows that cancel whole: golden's dQ of the first query in causal attention.
+
+With one visible key the softmax backward's dS row is exactly 0 and so is
+golden's dQ row; another correct kernel (torch's SDPA backward computes
+``D = rowsum(dO * O)`` instead of ``rowsum(P * dP)``) leaves residues of
+the size of the tensor's rounding there. The decomposition must judge those
+rows by the tensor's size (analyzer._decompose.CANCELLED_ROW), and still
+see a real value written into them.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from peat_jax import analyzer
+from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
+
+B, T, H, D = 2, 24, 4, 32
+
+
+def _attention(q, k, v):
+  s = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(D)
+  s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -1e30)
+  return jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(s, axis=-1), v)
+
+
+def _dq(q, k, v, do):
+  return jax.vjp(_attention, q, k, v)[1](do)[0]
+
+
+@pytest.fixture(scope="module")
+def golden():
+  rng = np.random.default_rng(7)
+  q, k, v, do = (rng.standard_normal((B, T, H, D)).astype(np.float32)
+                 for _ in range(4))
+  g = np.asarray(jax.jit(_dq)(q, k, v, do))
+  with jax.enable_x64():
+    r = np.asarray(jax.jit(_dq)(*(x.astype(np.float64)
+                                  for x in (q, k, v, do))))
+  return (q, k, v, do), g, r
+
+
+def _diag(t, g, r):
+  ctx = {"kernel": "attention", "reduction": T}
+  return cal.diagnose(jnp.asarray(t), jnp.asarray(g), jnp.asarray(r), ctx,
+                      dtype=np.float32)
+
+
+def test_golden_first_query_row_is_an_exact_cancellation(golden):
+  _, g, r = golden
+  assert np.all(g[:, 0] == 0) and np.all(r[:, 0] == 0)
+  assert np.all(np.abs(g[:, 1:]).max(axis=-1) > 0)
+
+
+def test_rounding_residues_in_cancelled_rows_pass(golden):
+  """Residues of a few float32 ulps of the tensor's RMS, in row 0 only,
+  over golden's own values elsewhere: reordering-level, not outliers."""
+  _, g, r = golden
+  rms = float(np.sqrt(np.mean(r * r)))
+  rng = np.random.default_rng(11)
+  t = g.copy()
+  t[:, 0] = (rng.standard_normal(t[:, 0].shape) * 8 * 2.0 ** -24 * rms
+             ).astype(np.float32)
+  diag, sig = _diag(t, g, r), analyzer.analyze(
+      jnp.asarray(t), jnp.asarray(g), jnp.asarray(r))
+  assert int(sig.n_out) == 0, diag.evidence
+  assert diag.verdict == "pass", (diag.model, diag.evidence)
+
+
+def test_torch_sdpa_backward_passes(golden):
+  """The real third-party kernel: torch's SDPA backward on the same
+  inputs (its dQ row 0 holds residues where golden's is 0)."""
+  torch = pytest.importorskip("torch")
+  (q, k, v, do), g, r = golden
+  qt, kt, vt = (torch.tensor(x.transpose(0, 2, 1, 3), requires_grad=True)
+                for x in (q, k, v))
+  out = torch.nn.functional.scaled_dot_product_attention(
+      qt, kt, vt, attn_mask=torch.tril(torch.ones(T, T, dtype=torch.bool)))
+  out.backward(torch.tensor(do.transpose(0, 2, 1, 3)))
+  t = qt.grad.numpy().transpose(0, 2, 1, 3)
+  diag = _diag(t, g, r)
+  assert diag.verdict == "pass", (diag.model, diag.evidence)
+
+
+@pytest.mark.parametrize("size", [1e-3, 1e-1])
+def test_values_written_into_cancelled_rows_are_faults(golden, size):
+  """A value where the row must be 0 (a stale or misplaced row), even at a
+  thousandth of the tensor's RMS, stays beyond the envelope."""
+  _, g, r = golden
+  rms = float(np.sqrt(np.mean(r * r)))
+  t = g.copy()
+  t[0, 0, 1, :8] = np.float32(size * rms)
+  diag = _diag(t, g, r)
+  assert diag.verdict == "fail", (diag.model, diag.evidence)
+  assert diag.model not in ("reordering", "exact", "precision")
