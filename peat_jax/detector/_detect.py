@@ -33,8 +33,9 @@ import numpy as np
 
 from peat_jax.core import PeatError
 from peat_jax.detector._facts import (
-    Candidate, Diagnosis, NOISE_FLOOR_MULTIPLIER, PORT_MODELS,
-    PRECISION_MODELS, _Facts, _host, _pct, _working_format)
+    Candidate, Diagnosis, MIN_PATTERN, NOISE_FLOOR_MULTIPLIER, PORT_MODELS,
+    PRECISION_MODELS, REORDERING_ENVELOPE, _Facts, _host, _pct,
+    _working_format)
 from peat_jax.detector._outliers import _rule_dense_faults, _rule_outliers
 from peat_jax.detector._ports import _probe, _rule_port, port_verdict
 from peat_jax.detector._rules import (
@@ -174,17 +175,34 @@ def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
     whole = bool(wholes)
     if not whole:
       faults += _rule_outliers(f)
+    elif all(c.params.get("kind") == "permutation" for c in wholes):
+      # Sorted outliers lining up with golden's values is a coincidence
+      # among densely packed outputs (softmax, 16-bit) or when there are
+      # only a few of them: every outlier back within rounding by the same
+      # bit forced one way (stuck), or a few by a flip each, is preferred.
+      # (Many outliers of a 16-bit output come back within its wide
+      # envelope by some exponent flip even when permuted.)
+      bits = [c for c in _rule_outliers(f)
+              if (c.model == "stuck_at" or (c.model == "bitflip"
+                                            and f.n_out < MIN_PATTERN))
+              and int(c.params.get("covers", 0)) >= f.n_out]
+      if bits:
+        faults, whole = list(cands) + bits, False
     if not faults:
       # A stuck low bit may stay inside the rounding envelope, but every
       # differing element differing in that one bit, one way, is an exact
       # trace that no summation order leaves.
       faults += _rule_stuck(f)
-    if not faults and f.share <= SPARSE_EXACT_SHARE:
+    beyond = f.has_ref and f.noise_ratio > REORDERING_ENVELOPE
+    if not faults and (f.share <= SPARSE_EXACT_SHARE or beyond):
       # A few elements moved by 8 or more ulps where every other element is
       # bitwise golden: in a 16-bit format such a flip can stay inside the
       # envelope (16x the golden kernel's own rounding of u), yet no
-      # summation order moves so few elements that far.
-      faults += _rule_sparse(f)
+      # summation order moves so few elements that far, nor leaves an
+      # error beyond REORDERING_ENVELOPE times golden's (a small output, a
+      # classifier's logits: 2 of 8 doubled, 25x golden's error), which no
+      # cancellation noise reaches either.
+      faults += _rule_sparse(f, beyond_reordering=beyond)
     dense = []
     rest = f.ndiff - (f.n_out if faults else 0)
     if not whole and rest > 0:

@@ -59,9 +59,14 @@ def _rule_dense_faults(f: _Facts) -> list[Candidate]:
   rerr = np.asarray(s["row_err"], np.float64)
   used = rows[rerr > 0] if np.any(rerr > 0) else rows
   spread = float(np.std(used)) if used.size else math.inf
+  # In a 16-bit format the envelope (64 u: 0.25 relative in bf16) holds the
+  # small elements in even under a halving; |delta| > 64 u is then itself
+  # beyond any constant of the computation, and a scale need only push the
+  # large elements out.
+  beyond = 0.05 if f.u >= 2.0 ** -11 else 0.5
   if (math.isfinite(delta) and abs(delta) > 64 * f.u
       and resid <= 0.05 * abs(delta) and spread <= 0.05 * abs(delta)
-      and f.beyond_share >= 0.5):
+      and f.beyond_share >= beyond):
     factor = 1.0 + delta
     kernel = str(f.context.get("kernel", ""))
     red = f.context.get("reduction")

@@ -290,8 +290,14 @@ SPARSE_MAX_SHARE_AT_ROUNDING = 0.01
 ROUNDING_ABS_ULPS = 1024.0
 
 
-def _rule_sparse(f: _Facts) -> list[Candidate]:
-  """Few elements with errors far above rounding: bit flips or wild values."""
+def _rule_sparse(f: _Facts, beyond_reordering: bool = False
+                 ) -> list[Candidate]:
+  """Few elements with errors far above rounding: bit flips or wild values.
+
+  ``beyond_reordering``: the record's error is beyond what another
+  summation order gives (noise ratio above REORDERING_ENVELOPE), so the
+  cancellation-noise exemption below does not apply.
+  """
   s = f.s
   if not f.ndiff or f.share > 0.25:
     return []
@@ -308,7 +314,8 @@ def _rule_sparse(f: _Facts) -> list[Candidate]:
   nonfinite = int(s["n_nonfinite_new"]) > 0
   if max_ulp < 8 and not nonfinite:
     return []  # within a few ULPs: rounding-sized, left to the level rules
-  if (not nonfinite and f.share > SPARSE_MAX_SHARE_AT_ROUNDING
+  if (not nonfinite and not beyond_reordering
+      and f.share > SPARSE_MAX_SHARE_AT_ROUNDING
       and outlier <= ROUNDING_ABS_ULPS * f.u):
     # Many elements differ, none by more than rounding of the output's
     # scale: a short reduction's cancellation noise (outputs near zero are
