@@ -49,6 +49,10 @@ from peat_jax.detector._rounding import _rule_rounding
 #: golden), sparse elements far beyond their own ulps are read as faults
 #: even inside the rounding envelope.
 SPARSE_EXACT_SHARE = 0.01
+#: ... and they differ from golden in at most this many bits on average: a
+#: flip is one bit, where 8 or more ulps of reordering noise (an output
+#: near zero, its terms cancelling) carry through several.
+SPARSE_EXACT_BITS = 1.5
 
 _RULES = (_rule_nonfinite, _rule_saturation_clip, _rule_indexing, _rule_scale,
           _rule_ftz, _rule_lane, _rule_zero, _rule_tile, _rule_stuck,
@@ -194,7 +198,8 @@ def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
       # trace that no summation order leaves.
       faults += _rule_stuck(f)
     beyond = f.has_ref and f.noise_ratio > REORDERING_ENVELOPE
-    if not faults and (f.share <= SPARSE_EXACT_SHARE or beyond):
+    if not faults and (beyond or (f.share <= SPARSE_EXACT_SHARE and
+                                  f.bits_per_diff <= SPARSE_EXACT_BITS)):
       # A few elements moved by 8 or more ulps where every other element is
       # bitwise golden: in a 16-bit format such a flip can stay inside the
       # envelope (16x the golden kernel's own rounding of u), yet no
