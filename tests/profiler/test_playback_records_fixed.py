@@ -4,7 +4,9 @@ made faster (issue 22).
 The fixture (tests/profiler/records_fixture: ``make.py`` run with peat_jax
 at main 3ff0694;
 ``gpt_backward_kut`` at ea885b3, whose attention backward pairing fix,
-1883063, changed those records) holds the ``playback.msgpack`` of small campaigns on the
+1883063, changed those records; it and ``cnn_conv2d`` again at d94508b:
+eb10a7c gives rows that cancel whole a scale, which made the envelope of
+some records finite where it was NaN) holds the ``playback.msgpack`` of small campaigns on the
 real CNN and a small GPT (``cases.py``): forward sites of a native conv2d
 and matmul KUT, composite sites (host references) and three KUTs played
 together, and the KUT's VJP at the backward sites. Each test makes the same

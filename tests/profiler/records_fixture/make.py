@@ -1,5 +1,6 @@
 """Writes the record fixture (run with peat_jax at main 3ff0694; gpt_backward_kut
-rewritten at ea885b3, after the attention backward pairing fix of 1883063).
+rewritten at ea885b3, after the attention backward pairing fix of 1883063;
+cnn_conv2d and gpt_backward_kut again at d94508b, after eb10a7c).
 
   .venv/bin/python tests/profiler/records_fixture/make.py
 
