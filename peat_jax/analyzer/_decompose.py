@@ -339,10 +339,9 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   fp = fin_t & fin_g & fin_r
   r = jnp.where(fin_r, r, 0.0)
   # Row scale: the RMS of the reference over the row.
-  row_ms = jnp.sum(jnp.where(fp, r * r, 0.0), axis=1) / jnp.maximum(
-      jnp.sum(fp, axis=1), 1)
-  row_rms = jnp.sqrt(row_ms)
   row_n = jnp.sum(fp, axis=1)
+  row_ms = jnp.sum(jnp.where(fp, r * r, 0.0), axis=1) / jnp.maximum(row_n, 1)
+  row_rms = jnp.sqrt(row_ms)
   all_rms = jnp.sqrt(jnp.sum(row_ms * row_n) / jnp.maximum(jnp.sum(row_n), 1))
   row_rms = jnp.where(row_rms <= CANCELLED_ROW * all_rms, all_rms, row_rms)
   scale = jnp.abs(r) + row_rms[:, None]

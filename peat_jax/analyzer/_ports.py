@@ -75,10 +75,15 @@ def _layer_norm(x, scale, bias, eps, unbiased=False):
 EPS_MAX_SHARE = 0.5
 
 
+def _row_var(x):
+  """Biased variance of each row (last axis), kept as a column."""
+  return np.square(x - x.mean(-1, keepdims=True)).mean(-1, keepdims=True)
+
+
 def _fit_eps(x, scale, bias, t) -> float | None:
   """The epsilon that ``t`` was normalized with (median over elements)."""
   m = x.mean(-1, keepdims=True)
-  v = np.square(x - m).mean(-1, keepdims=True)
+  v = _row_var(x)
   num = (x - m) * scale
   den = t - bias
   ok = (np.abs(x - m) > 0.5 * np.sqrt(v)) & (np.abs(den) > 1e-30)
@@ -201,7 +206,7 @@ def _hypotheses(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
     x, scale, bias = (_f64(a) for a in args[:3])
     eps = float(kwargs.get("eps", args[3] if len(args) > 3 else 1e-6))
     fit = _fit_eps(x, scale, bias, test)
-    var = float(np.median(np.square(x - x.mean(-1, keepdims=True)).mean(-1)))
+    var = float(np.median(_row_var(x)))
     if (fit is not None and 0 < fit <= EPS_MAX_SHARE * var
         and abs(fit - eps) > 0.05 * max(eps, fit)):
       out.append(("parameter", "eps", f"consistent with eps {fit:.3g} "
