@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+import numpy as np
+
 
 from peat_jax.detector._facts import (
     Candidate, NARROW_FORMATS, NOISE_FLOOR_MULTIPLIER, REORDERING_ENVELOPE,
@@ -54,6 +56,37 @@ def _level_hypotheses(context: Mapping[str, Any]) -> list[tuple[str, float]]:
   return hyps
 
 
+#: A low bit counts as cleared when it is 1 in golden and 0 in the KUT in
+#: at least this share of the differing elements (half of them, for bits
+#: below the rounding position), and never 0 in golden and 1 in the KUT.
+CLEARED_SHARE = 0.25
+
+
+def _cleared_low_bits(f: _Facts) -> int:
+  """How many of the lowest mantissa bits the KUT clears: the longest run
+  from bit 0 up where no element gained the bit and many lost it (a
+  kernel that truncates to fewer significand bits than any named format:
+  ``x & ~0xFF`` keeps 15 of float32's 23)."""
+  up = np.asarray(f.s["bits_up"])
+  down = np.asarray(f.s["bits_down"])
+  k = 0
+  while (k < f.mant - 1 and int(up[k]) == 0
+         and int(down[k]) >= CLEARED_SHARE * f.ndiff):
+    k += 1
+  return k
+
+
+def _truncation_bound(f: _Facts, fmt: str) -> tuple[float, str]:
+  """Round toward zero's largest relative error into ``fmt`` (2 u(fmt)),
+  or into the working format less its cleared low bits when they make it
+  coarser; with the format's name for the evidence."""
+  bound = 2 * UNIT_ROUNDOFF.get(fmt, f.u)
+  k = _cleared_low_bits(f)
+  if k and 2.0 ** -(f.mant - k) > bound:
+    return 2.0 ** -(f.mant - k), f"{f.work} with {k} low bits cleared"
+  return bound, fmt
+
+
 def _within_truncation(f: _Facts, fmt: str) -> bool:
   """Round toward zero into ``fmt`` moves every element by less than one
   ulp of fmt: |t - r| < 2 u(fmt) |r|, i.e. at most 2 u(fmt) / u(work) units
@@ -62,7 +95,7 @@ def _within_truncation(f: _Facts, fmt: str) -> bool:
   decomposition the relative error against golden is the check. A KUT
   that truncates its own noisy result may add noise of the golden kernel's
   size: twice the golden kernel's largest error is allowed on top."""
-  bound = 2 * UNIT_ROUNDOFF.get(fmt, f.u)
+  bound = _truncation_bound(f, fmt)[0]
   if f.dec:
     return float(f.s["z_max_test"]) <= (1.25 * bound / f.u
                                         + 2 * float(f.s["env_golden_z"]))
@@ -105,8 +138,7 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
   # Truncation: every changed magnitude went down, over many elements.
   if (f.ndiff >= 16 and f.larger <= 0.01 * f.ndiff and f.smaller > 0
       and _within_truncation(f, narrowest or f.work)):
-    fmt = narrowest or f.work
-    bound = 2 * UNIT_ROUNDOFF.get(fmt, f.u)
+    bound, fmt = _truncation_bound(f, narrowest or f.work)
     conf = 0.95 if f.rel_max <= bound * 1.01 else 0.7
     out.append(Candidate(
         "truncation", conf,
