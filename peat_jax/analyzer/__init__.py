@@ -35,6 +35,7 @@ from peat_jax.analyzer._ports import needs_probe as needs_probe
 from peat_jax.analyzer._ratios import RATIO_METRICS as RATIO_METRICS
 from peat_jax.analyzer._ratios import metric_ratios as metric_ratios
 from peat_jax.analyzer._ports import port_probe as port_probe
+from peat_jax.analyzer._ports import probe_signatures as probe_signatures
 from peat_jax.analyzer._ports import probe_formats as probe_formats
 from peat_jax.analyzer._references import REFERENCES as REFERENCES
 from peat_jax.analyzer._references import reference as reference

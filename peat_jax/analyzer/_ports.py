@@ -35,14 +35,16 @@ The result is a small dict the Detector reads from its context
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import core as _core
-from peat_jax.analyzer._api import analyze
+from peat_jax.analyzer._api import analyze, analyze_split_many
+from peat_jax.analyzer._checks import _split_reference
 from peat_jax.analyzer._references import reference_gelu
+from peat_jax.analyzer._select import median
 from peat_jax.injectors import round_nearest
 
 #: A hypothesis explains the output when the median ratio of the distance
@@ -314,23 +316,37 @@ def _precision_hypotheses(kind: str, args: Sequence[Any],
   return out
 
 
-def _median_ratio(t, h, r) -> float:
-  """Median of |t - h| / |t - r| over the elements where t != r."""
-  d_r = np.abs(t - r)
-  keep = d_r > 0
-  if not np.any(keep):
+class _RatioBase(NamedTuple):
+  """What every hypothesis's median ratio shares: the elements where the
+  KUT's output differs from the reference, the output there, and that
+  distance."""
+  keep: np.ndarray  # bool, the record's shape: finite pairs with t != r
+  t: np.ndarray  # float64 t[keep]
+  d_r: np.ndarray  # float64 |t - r|[keep], all > 0
+
+
+def _ratio_base(t, r, fin) -> _RatioBase:
+  d_r = np.abs(np.where(fin, t, 0.0) - np.where(fin, r, 0.0))
+  keep = d_r > 0  # implies finite: elsewhere both are 0
+  return _RatioBase(keep, t[keep], d_r[keep])
+
+
+def _median_ratio(base: _RatioBase, h) -> float:
+  """Median of |t - h| / |t - r| over the elements where t != r (h
+  non-finite there: an infinite ratio)."""
+  if not base.t.size:
     return np.inf
-  with np.errstate(invalid="ignore", divide="ignore"):
-    ratio = np.abs(t - h)[keep] / d_r[keep]
-  ratio = np.where(np.isnan(ratio), np.inf, ratio)
-  return float(np.median(ratio))
+  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    ratio = np.abs(base.t - h[base.keep]) / base.d_r
+  ratio[np.isnan(ratio)] = np.inf
+  return median(ratio)
 
 
 def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                test, golden, reference, *,
                reference_fn: Callable[..., Any] | None = None,
                reference_args: Sequence[Any] | None = None,
-               signature: bool = True,
+               signature: bool | str = True,
                hypotheses: Mapping[str, Any] | None = None) -> dict | None:
   """Which port variant of a composite kernel the KUT's output matches.
 
@@ -348,7 +364,9 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
     reference_args: what ``reference_fn`` takes, when not ``args`` (a
       composite site's flat input arrays).
     signature: with an explaining hypothesis, add the Signature of
-      ``test`` against it (``"signature"``).
+      ``test`` against it (``"signature"``); ``"defer"``: add the
+      hypothesis's float64 output instead (``"hypothesis"``), for
+      :func:`probe_signatures` to analyze with other records' at once.
     hypotheses: input-precision hypotheses computed already (name ->
       float64 output, e.g. ``{"inputs_bf16": ...}``: the same values
       ``reference_fn`` gives on the rounded inputs; playback computes them
@@ -364,8 +382,10 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
   if t.shape != r.shape:
     return None
   fin = np.isfinite(t) & np.isfinite(r)
-  rms = lambda a: float(np.sqrt(np.mean(np.square(a[fin])))) if np.any(
-      fin) else 0.0
+  flat = bool(np.all(fin))  # a[fin] is then a.reshape(-1): the same sum
+  some = flat or bool(np.any(fin))
+  rms = lambda a: float(np.sqrt(np.mean(np.square(
+      a.reshape(-1) if flat else a[fin])))) if some else 0.0
   d_ref, d_gold = rms(t - r), rms(g - r)
   if not d_ref > BEYOND_GOLDEN * d_gold:
     return None
@@ -374,6 +394,7 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
     hyps += _precision_hypotheses(
         kind, args if reference_args is None else reference_args,
         reference_fn, hypotheses)
+  base = _ratio_base(t, r, fin)
   best = None
   for model, name, sentence, fn, fit in hyps:
     try:
@@ -383,8 +404,7 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
       continue
     if np.shape(h) != t.shape:
       continue
-    ratio = _median_ratio(np.where(fin, t, 0.0), np.where(fin, h, 0.0),
-                          np.where(fin, r, 0.0))
+    ratio = _median_ratio(base, h)
     if best is None or ratio < best[0]:
       best = (ratio, model, name, sentence, fit, h)
   if best is None:
@@ -407,8 +427,42 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                        np.where(fin, r, 0.0))
     if order is not None:
       out["row_order"] = order
-  if explains and signature:
-    dt = np.asarray(test).dtype
-    out["signature"] = analyze(jnp.asarray(test), jnp.asarray(h.astype(dt)),
-                               h)
+  if explains and signature == "defer":
+    out["hypothesis"] = h
+  elif explains and signature:
+    t_out = np.asarray(test)  # host arrays: a float64 output stays one
+    out["signature"] = analyze(t_out, h.astype(t_out.dtype), h)
   return out
+
+
+def probe_signatures(probes: Sequence[dict | None],
+                     tests: Sequence[Any]) -> None:
+  """The re-based Signatures of many deferred probes, in one executable.
+
+  For each probe made with ``signature="defer"`` whose hypothesis explains
+  the output, replaces its ``"hypothesis"`` (the float64 output) by the
+  ``"signature"`` ``port_probe`` would have added (``test`` against the
+  hypothesis rounded to the output's dtype, the hypothesis as reference:
+  the same values, one dispatch and one transfer for all, NumPy fields).
+
+  Args:
+    probes: ``port_probe`` results (None where no probe ran); modified in
+      place.
+    tests: the KUT output of each probe's record, in the same order.
+
+  Raises:
+    PeatError: as ``analyze_split_many``.
+  """
+  todo = [(p, np.asarray(t)) for p, t in zip(probes, tests)
+          if p is not None and "hypothesis" in p]
+  if not todo:
+    return
+  halves = [_split_reference(p["hypothesis"], t.shape, batched=False)
+            for p, t in todo]
+  sigs = analyze_split_many(
+      [t for _, t in todo],
+      [p["hypothesis"].astype(t.dtype) for p, t in todo],
+      [hi for hi, _ in halves], [lo for _, lo in halves], to_host=True)
+  for (p, _), sig in zip(todo, sigs):
+    del p["hypothesis"]
+    p["signature"] = sig

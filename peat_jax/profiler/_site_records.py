@@ -176,7 +176,7 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None) -> dict | None:
     return _analyzer.port_probe(
         site.kernel, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
         ref, reference_fn=lambda *xs: _site_reference(site, params, xs),
-        reference_args=inputs, hypotheses=hyps)
+        reference_args=inputs, hypotheses=hyps, signature="defer")
   except (TypeError, ValueError, PeatError):
     return None
 
@@ -244,14 +244,15 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
   host = [p[2] if p[5] else next(fetched) for p in pending]
   laps.lap("references and signatures")
   pre = _probe_references(sites, pending, host, device_refs)
+  probes = [None if k is not None else _port_probe(
+      sites[i][0], sites[i][1], sites[i][2], sig, ref, pre.get(i))
+            for (i, k, _, _, ref, _), sig in zip(pending, host)]
+  _analyzer.probe_signatures(probes, [sites[p[0]][2].kut for p in pending])
   laps.lap("port probe")
   out = []
-  for (i, k, _, red, ref, _), sig in zip(pending, host):
+  for (i, k, _, red, _, _), sig, probe in zip(pending, host, probes):
     site, params, tp = sites[i]
     context = {"kernel": site.kernel, "reduction": red}
-    probe = None if k is not None else _port_probe(site, params, tp, sig, ref,
-                                                   pre.get(i))
-    laps.lap("port probe", probe)
     if probe is not None:
       context["port"] = probe
     diag = _detector.detect(sig, context=context)
