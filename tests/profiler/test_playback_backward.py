@@ -365,5 +365,7 @@ def test_isolated_campaign_runs_the_native_backward_target(tmp_path):
   assert {r["diagnosis"]["verdict"] for r in bwd} == {"warn"}
   assert paths.verdict == "warn"
   rt = peat.profiler.read_records(tmp_path / peat.profiler.RUNTIME_FILE)
+  # golden, the seeds' spread, the bf16 proxy run (the weight distances'
+  # yardstick, profiler._significance) and the KUT's frequency.
   assert {r["name"] for r in rt if r.get("backward") == "kut"} == {
-      "golden", "spread", "every"}
+      "golden", "spread", "bf16", "every"}
