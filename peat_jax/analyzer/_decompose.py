@@ -276,13 +276,15 @@ def _shift_stats(t, r, unit, theta_g, out, rows: int, cols: int):
                  ) / lax.dynamic_slice_in_dim(unit.T[ridx], c0, cw, axis=1)
   else:
     zt = jnp.full(ts.shape, jnp.inf, ts.dtype)
-  med_c = _masked_median(jnp.moveaxis(zc, 1, 0).reshape(len(shifts), -1),
-                         jnp.moveaxis(cmp_c, 1, 0).reshape(len(shifts), -1),
-                         axis=1)
-  med_r = _masked_median(zr.reshape(len(shifts), -1),
-                         cmp_r.reshape(len(shifts), -1), axis=1)
-  med_t = _masked_median(zt.reshape(1, -1), outs.reshape(1, -1), axis=1)[0]
-  meds = jnp.concatenate([med_c, med_r, med_t[None]])
+  # The column shifts', the row shifts' and the transpose's medians as rows
+  # of one bisection: the same order statistics, a third of its operations
+  # (GPT's 13 records: 169 -> 145 ms).
+  ns = len(shifts)
+  meds = _masked_median(
+      jnp.concatenate([jnp.moveaxis(zc, 1, 0).reshape(ns, -1),
+                       zr.reshape(ns, -1), zt.reshape(1, -1)]),
+      jnp.concatenate([jnp.moveaxis(cmp_c, 1, 0).reshape(ns, -1),
+                       cmp_r.reshape(ns, -1), outs.reshape(1, -1)]), axis=1)
   best = jnp.min(meds)
   # The best placement must stand out: its median distance at most 1/64 of
   # the typical placement's (else no value sits somewhere else: a dense
