@@ -102,8 +102,7 @@ def test_deferred_probe_signatures_equal_the_probe_own():
   """``signature="defer"`` + ``probe_signatures`` (one executable for
   all) == ``port_probe``'s own Signature, field for field, bitwise."""
   recs = [_record(s, shape, dt) for s, shape, dt in [
-      (2, (64, 32, 48), np.float32), (3, (128, 96, 40), np.float32),
-      (4, (40, 64, 72), np.float32)]]
+      (2, (64, 32, 48), np.float32), (3, (64, 32, 48), np.float32)]]
   want = [_probe(rec, True) for rec in recs]
   got = [_probe(rec, "defer") for rec in recs] + [None]
   assert all("hypothesis" in p and "signature" not in p for p in got[:-1])
@@ -120,6 +119,7 @@ def test_deferred_probe_signatures_equal_the_probe_own():
       assert w[key] == p[key], key
 
 
+@pytest.mark.slow  # compiles the x64 analyzer (~10 s)
 def test_deferred_probe_signature_of_a_float64_output_is_float64():
   """A float64 output is analyzed in float64 (as ``analyze`` of the host
   arrays), not narrowed to float32 on its way to the device."""

@@ -163,6 +163,7 @@ def test_prepare_task_factory_rebuilds_the_same_task(tmp_path):
     models.prepare_task_factory("cnn", str(tmp_path), batch_sise=16)
 
 
+@pytest.mark.slow  # worker processes compile the CNN twice (~25 s)
 def test_tool_isolates_native_kuts_by_default(tmp_path, capsys):
   """The README main command: a native KUT runs in worker processes unless
   --isolate=off; the records are the same either way."""

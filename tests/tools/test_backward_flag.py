@@ -24,6 +24,8 @@ def campaign(profiled, tmp_path):
   return d
 
 
+@pytest.mark.slow  # the tool's playback of every backward site (~20 s);
+# the library path runs in CI (tests/profiler/test_playback_backward.py)
 def test_playback_tool_records_and_summarizes_backward_sites(campaign, cli):
   d = campaign
   rc, out, err = cli.run(playback, [f"--campaign_dir={d}", f"--kut={cli.kut}",
