@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import core as _core
-from peat_jax.analyzer._api import analyze, analyze_split_many
+from peat_jax.analyzer._api import analyze_split_many
 from peat_jax.analyzer._checks import _split_reference
 from peat_jax.analyzer._references import reference_gelu
 from peat_jax.analyzer._select import median
@@ -427,11 +427,10 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                        np.where(fin, r, 0.0))
     if order is not None:
       out["row_order"] = order
-  if explains and signature == "defer":
+  if explains and signature:
     out["hypothesis"] = h
-  elif explains and signature:
-    t_out = np.asarray(test)  # host arrays: a float64 output stays one
-    out["signature"] = analyze(t_out, h.astype(t_out.dtype), h)
+    if signature != "defer":
+      probe_signatures([out], [test])
   return out
 
 

@@ -87,15 +87,15 @@ def _truncation_bound(f: _Facts, fmt: str) -> tuple[float, str]:
   return bound, fmt
 
 
-def _within_truncation(f: _Facts, fmt: str) -> bool:
-  """Round toward zero into ``fmt`` moves every element by less than one
-  ulp of fmt: |t - r| < 2 u(fmt) |r|, i.e. at most 2 u(fmt) / u(work) units
+def _within_truncation(f: _Facts, bound: float) -> bool:
+  """Round toward zero into a format moves every element by less than one
+  ulp of it: |t - r| < ``bound`` |r| (2 u(fmt), :func:`_truncation_bound`),
+  i.e. at most bound / u(work) units
   of the decomposition's u * scale (plus the golden kernel's own error,
   which a KUT truncating the exact result does not have). Without the
   decomposition the relative error against golden is the check. A KUT
   that truncates its own noisy result may add noise of the golden kernel's
   size: twice the golden kernel's largest error is allowed on top."""
-  bound = _truncation_bound(f, fmt)[0]
   if f.dec:
     return float(f.s["z_max_test"]) <= (1.25 * bound / f.u
                                         + 2 * float(f.s["env_golden_z"]))
@@ -122,12 +122,12 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
   # the exact magnitude while the golden kernel (round to nearest) does as
   # often as below. Needs the reference: against golden, the KUT's
   # truncation of an exact result looks like noise of either sign.
+  bound, fmt = _truncation_bound(f, narrowest or f.work)
   if f.has_ref and f.ndiff >= 16:
     t_up, t_dn = float(s["ref_test_grown"]), float(s["ref_test_shrunk"])
     g_up, g_dn = float(s["ref_golden_grown"]), float(s["ref_golden_shrunk"])
-    fmt = narrowest or f.work
     if (t_up <= 0.01 * (t_up + t_dn) and t_dn >= 0.2 and g_up >= 0.25 * (
-        g_up + g_dn) and _within_truncation(f, fmt)):
+        g_up + g_dn) and _within_truncation(f, bound)):
       out.append(Candidate(
           "truncation", 0.93,
           f"against the float64 reference {_pct(t_dn)} of outputs are "
@@ -137,8 +137,7 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
       return out
   # Truncation: every changed magnitude went down, over many elements.
   if (f.ndiff >= 16 and f.larger <= 0.01 * f.ndiff and f.smaller > 0
-      and _within_truncation(f, narrowest or f.work)):
-    bound, fmt = _truncation_bound(f, narrowest or f.work)
+      and _within_truncation(f, bound)):
     conf = 0.95 if f.rel_max <= bound * 1.01 else 0.7
     out.append(Candidate(
         "truncation", conf,

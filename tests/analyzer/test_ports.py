@@ -100,21 +100,29 @@ def test_probe_ratio_is_the_median_over_differing_elements():
 
 def test_deferred_probe_signatures_equal_the_probe_own():
   """``signature="defer"`` + ``probe_signatures`` (one executable for
-  all) == ``port_probe``'s own Signature, field for field, bitwise."""
+  all) == ``port_probe``'s own Signature == ``analyze`` of the record
+  against the hypothesis, field for field, bitwise."""
   recs = [_record(s, shape, dt) for s, shape, dt in [
       (2, (64, 32, 48), np.float32), (3, (64, 32, 48), np.float32)]]
   want = [_probe(rec, True) for rec in recs]
   got = [_probe(rec, "defer") for rec in recs] + [None]
   assert all("hypothesis" in p and "signature" not in p for p in got[:-1])
+  # The definition: the output against the hypothesis rounded to its
+  # dtype, the hypothesis as the reference, one record at a time.
+  defs = [analyzer.analyze(rec[1], p["hypothesis"].astype(rec[1].dtype),
+                           p["hypothesis"]) for rec, p in zip(recs, got)]
   analyzer.probe_signatures(got, [rec[1] for rec in recs] + [None])
   assert got[-1] is None
-  for w, p in zip(want, got):
+  for w, p, d in zip(want, got, defs):
     assert "hypothesis" not in p
     assert set(w) == set(p)
     for name in analyzer.Signature._fields:
       np.testing.assert_array_equal(
           np.asarray(getattr(p["signature"], name)),
           np.asarray(getattr(w["signature"], name)), err_msg=name)
+      np.testing.assert_array_equal(
+          np.asarray(getattr(p["signature"], name)),
+          np.asarray(getattr(d, name)), err_msg=name)
     for key in set(w) - {"signature"}:
       assert w[key] == p[key], key
 
