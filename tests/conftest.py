@@ -7,35 +7,14 @@ import pytest
 from absl import flags
 
 
-def _mappings() -> tuple[int, int]:
-  """(memory mappings of this process, the kernel's limit), or (0, 0)
-  where /proc does not tell."""
-  try:
-    with open("/proc/self/maps", "rb") as f:
-      n = sum(1 for _ in f)
-    with open("/proc/sys/vm/max_map_count") as f:
-      return n, int(f.read())
-  except (OSError, ValueError):
-    return 0, 0
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _bounded_mappings():
-  """Keeps the one pytest process under the kernel's mapping limit.
-
-  Every XLA:CPU executable maps its code in about six regions and stays
-  mapped while a jit cache holds it; the suite compiles tens of thousands,
-  and at vm.max_map_count (65,530) the next compilation's mmap fails and
-  LLVM dies with SIGSEGV or SIGABRT. Past half the limit, after a module,
-  the caches are cleared (what they held is compiled again when used).
-  """
+  """Keeps the one pytest process under the kernel's mapping limit: the
+  suite compiles tens of thousands of executables, about six memory
+  mappings each (peat_jax.core.release_compiled, after each module)."""
   yield
-  n, limit = _mappings()
-  if limit and n > limit // 2:
-    import gc
-    import jax
-    jax.clear_caches()
-    gc.collect()
+  from peat_jax import core
+  core.release_compiled()
 
 
 def pytest_configure(config):

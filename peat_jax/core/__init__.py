@@ -1,9 +1,10 @@
 """Foundations every part of peat_jax reads: errors and number-format facts.
 
 Private modules: ``_errors`` (the exception types), ``_imports`` (the
-user's own modules named by KUT specs and tasks) and ``_formats`` (unit
+user's own modules named by KUT specs and tasks), ``_formats`` (unit
 roundoff, range and bit layout of every format: the one home of those
-facts). Everything else in peat_jax imports from here, never the other way
+facts) and ``_mappings`` (compiled code against the kernel's limit on a
+process's memory mappings). Everything else in peat_jax imports from here, never the other way
 round.
 """
 
@@ -19,3 +20,5 @@ from peat_jax.core._formats import format_of_code as format_of_code
 from peat_jax.core._formats import get_format as get_format
 from peat_jax.core._imports import import_user_module as import_user_module
 from peat_jax.core._imports import user_function as user_function
+from peat_jax.core._mappings import mapping_use as mapping_use
+from peat_jax.core._mappings import release_compiled as release_compiled

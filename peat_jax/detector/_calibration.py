@@ -270,10 +270,11 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
     A :class:`CalibrationResult`.
 
   Raises:
-    PeatError: no cases.
+    PeatError: no cases; no dtypes, or one outside CALIBRATION_DTYPES.
   """
   if not cases:
     raise PeatError("run_calibration needs at least one CalibrationCase")
+  check_dtypes(dtypes)
   records: list[CalibrationRecord] = []
 
   def add(case, dtype, origin, error, expected, diag):
@@ -282,6 +283,7 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
         float(diag.confidence), diag.verdict, diag.evidence))
 
   for case in cases:
+    _core.release_compiled()  # thousands of shapes in one process
     context = {"kernel": case.kernel, "reduction": case.reduction}
     for dtype in dtypes:
       dt = jnp.dtype(dtype)
@@ -341,6 +343,22 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
   return summarize(records)
 
 
+CALIBRATION_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def check_dtypes(dtypes: Sequence[str]) -> None:
+  """A calibration's input dtypes: at least one, each a known name.
+
+  Raises:
+    PeatError: none given, or a name outside ``CALIBRATION_DTYPES``.
+  """
+  unknown = [d for d in dtypes if d not in CALIBRATION_DTYPES]
+  if not dtypes or unknown:
+    raise PeatError(f"dtypes={tuple(dtypes)!r}: expected one or more of "
+                    f"{CALIBRATION_DTYPES}"
+                    + (f"; unknown: {unknown}" if unknown else ""))
+
+
 def is_correct(r: CalibrationRecord) -> bool:
   """Right model; a kernel expected to reorder that is bitwise golden is
   right too (its order happened to match the golden one)."""
@@ -349,7 +367,15 @@ def is_correct(r: CalibrationRecord) -> bool:
 
 
 def summarize(records: list[CalibrationRecord]) -> CalibrationResult:
-  """Confusion matrix, per-model accuracy, false alarms and misses."""
+  """Confusion matrix, per-model accuracy, false alarms and misses.
+
+  Raises:
+    PeatError: no records (nothing was diagnosed).
+  """
+  if not records:
+    raise PeatError("no calibration records to summarize: the cases "
+                    "produced no error to diagnose. Fix: give cases whose "
+                    "outputs have elements, and at least one dtype.")
   labels = sorted({r.expected for r in records} | {r.predicted for r in records},
                   key=lambda l: (l not in BENIGN, l))
   index = {l: i for i, l in enumerate(labels)}

@@ -158,11 +158,12 @@ def run_composed_calibration(cases: Sequence[_cal.CalibrationCase], *,
     A :class:`peat_jax.detector.CalibrationResult`.
 
   Raises:
-    PeatError: no cases.
+    PeatError: no cases; no dtypes, or one outside CALIBRATION_DTYPES.
   """
   if not cases:
     raise PeatError("run_composed_calibration needs at least one "
                     "CalibrationCase")
+  _cal.check_dtypes(dtypes)
   records: list[_cal.CalibrationRecord] = []
 
   def add(case, dtype, origin, error, expected, base, diag):
@@ -173,6 +174,7 @@ def run_composed_calibration(cases: Sequence[_cal.CalibrationCase], *,
         base=base, secondary=sec))
 
   for case in cases:
+    _core.release_compiled()  # thousands of shapes in one process
     context = {"kernel": case.kernel, "reduction": case.reduction}
     for dtype in dtypes:
       dt = jnp.dtype(dtype)

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import analyzer as _analyzer
+from peat_jax import core as _core
 from peat_jax.detector import _calibration as _cal
 from peat_jax.detector import _detect
 from peat_jax.detector import _facts
@@ -196,6 +197,7 @@ def run_invariance_calibration(cases: Sequence[_cal.CalibrationCase], *,
                     "CalibrationCase")
   records = []
   for case in cases:
+    _core.release_compiled()  # many shapes in one process
     inputs = tuple(np.asarray(x) for x in case.inputs)
     g = np.asarray(jax.jit(case.golden_fn)(*inputs))
     ref_of = lambda *xs, c=case: np.asarray(_cal.reference_of(
