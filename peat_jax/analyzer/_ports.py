@@ -37,12 +37,11 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import core as _core
-from peat_jax.analyzer._api import analyze, analyze_split_many
+from peat_jax.analyzer._api import analyze_split_many
 from peat_jax.analyzer._checks import _split_reference
 from peat_jax.analyzer._references import reference_gelu
 from peat_jax.analyzer._select import median
@@ -444,9 +443,8 @@ def probe_signatures(probes: Sequence[dict | None],
   ``"signature"`` ``port_probe`` would have added (``test`` against the
   hypothesis rounded to the output's dtype, the hypothesis as reference:
   the same values, one dispatch and one transfer for all, NumPy fields).
-  A single probe goes through `analyze` itself: where the record's own
-  Signature came from `analyze` (the calibration, ``port_probe``'s own
-  signature), that executable is compiled already.
+  A single probe runs `analyze`'s own executable (`analyze_split_many`
+  of one record), which the calibration's signatures compiled already.
 
   Args:
     probes: ``port_probe`` results (None where no probe ran); modified in
@@ -460,21 +458,12 @@ def probe_signatures(probes: Sequence[dict | None],
           if p is not None and "hypothesis" in p]
   if not todo:
     return
-  if len(todo) == 1:
-    # One record: `analyze`'s executable, shared with every other analyze
-    # of this shape and dtype (a packed many-record executable would be
-    # one more compilation, and one more set of code mappings kept, per
-    # distinct shape: the calibration probes hundreds of shapes).
-    (p, t), = todo
-    sigs = [jax.device_get(analyze(t, p["hypothesis"].astype(t.dtype),
-                                   p["hypothesis"]))]
-  else:
-    halves = [_split_reference(p["hypothesis"], t.shape, batched=False)
-              for p, t in todo]
-    sigs = analyze_split_many(
-        [t for _, t in todo],
-        [p["hypothesis"].astype(t.dtype) for p, t in todo],
-        [hi for hi, _ in halves], [lo for _, lo in halves], to_host=True)
+  halves = [_split_reference(p["hypothesis"], t.shape, batched=False)
+            for p, t in todo]
+  sigs = analyze_split_many(
+      [t for _, t in todo],
+      [p["hypothesis"].astype(t.dtype) for p, t in todo],
+      [hi for hi, _ in halves], [lo for _, lo in halves], to_host=True)
   for (p, _), sig in zip(todo, sigs):
     del p["hypothesis"]
     p["signature"] = sig

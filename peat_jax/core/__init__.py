@@ -4,8 +4,8 @@ Private modules: ``_errors`` (the exception types), ``_imports`` (the
 user's own modules named by KUT specs and tasks), ``_formats`` (unit
 roundoff, range and bit layout of every format: the one home of those
 facts) and ``_mappings`` (compiled code against the kernel's limit on a
-process's memory mappings). Everything else in peat_jax imports from here, never the other way
-round.
+process's memory mappings). Everything else in peat_jax imports from here,
+never the other way round.
 """
 
 from peat_jax.core._errors import CheckpointError as CheckpointError
