@@ -29,6 +29,7 @@ from peat_jax.detector._composed import family_correct as family_correct
 from peat_jax.detector._composed import run_composed_calibration as run_composed_calibration
 from peat_jax.detector._detect import detect as detect
 from peat_jax.detector._detect import detect_batch as detect_batch
+from peat_jax.detector._facts import BENIGN_NOISE_RATIO as BENIGN_NOISE_RATIO
 from peat_jax.detector._facts import FAULT_MODELS as FAULT_MODELS
 from peat_jax.detector._facts import PRECISION_MODELS as PRECISION_MODELS
 from peat_jax.detector._facts import Candidate as Candidate

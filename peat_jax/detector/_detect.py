@@ -33,7 +33,7 @@ import numpy as np
 
 from peat_jax.core import PeatError
 from peat_jax.detector._facts import (
-    Candidate, Diagnosis, MIN_PATTERN, NOISE_FLOOR_MULTIPLIER, PORT_MODELS,
+    BENIGN_NOISE_RATIO, Candidate, Diagnosis, MIN_PATTERN, PORT_MODELS,
     PRECISION_MODELS, REORDERING_ENVELOPE, _Facts, _host, _pct,
     _working_format)
 from peat_jax.detector._outliers import _rule_dense_faults, _rule_outliers
@@ -64,7 +64,7 @@ def _record_verdict(model: str, f: _Facts) -> str:
   if base == "exact":
     return "pass"
   if base == "reordering":
-    if not f.has_ref or f.noise_ratio <= NOISE_FLOOR_MULTIPLIER:
+    if not f.has_ref or f.noise_ratio <= BENIGN_NOISE_RATIO:
       return "pass"
     return "warn"
   if base in PRECISION_MODELS:

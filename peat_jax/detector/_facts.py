@@ -32,8 +32,21 @@ PORT_MODELS = ("parameter", "approximation")
 PRECISION_MODELS = ("precision", "accumulation", "truncation", "ftz",
                     "nondeterminism")
 #: torch.compile's fp64 check: the KUT's RMS error against the float64
-#: reference may be at most this many times the golden kernel's.
+#: reference may be at most this many times the golden kernel's. The
+#: naming rules read it (what is still the golden kernel's own noise).
 NOISE_FLOOR_MULTIPLIER = 2.0
+#: The verdict's noise-floor envelope: ``reordering`` passes while the KUT's
+#: RMS error against float64 is at most this many times the golden
+#: kernel's, and a record within it does not localize. Wider than the 2x of
+#: torch.compile's check because the golden kernel's own distance to
+#: float64 is no constant of the kernel: two x86-64 CPUs of one machine
+#: kind rounded the same golden dots 1.7x apart (their noise floors, the
+#: record fixture of tests/profiler), and correct kernels written another
+#: standard way sit at up to 2x on one of them (torch's SDPA backward:
+#: 1.4-1.9x on eight seeds): a verdict on the kernel must not flip with
+#: the processor that measured its golden. Another correct order of a
+#: float32 sum was measured up to ~4x (analyzer._decompose).
+BENIGN_NOISE_RATIO = 4.0
 #: With a reference, a KUT more than this many times the golden kernel's
 #: float64 RMS error is not "reordering" (a different order of a float32
 #: sum has errors of the golden's own size; measured <= 4x in calibration).

@@ -10,13 +10,14 @@ import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from peat_jax.core import PeatError
-from peat_jax.detector._facts import Candidate, Diagnosis
+from peat_jax.detector._facts import BENIGN_NOISE_RATIO, Candidate, Diagnosis
 
 #: The verdicts, mildest first.
 VERDICTS = ("pass", "warn", "fail")
 _SEVERITY = {v: i for i, v in enumerate(VERDICTS)}
-#: Noise ratio above which a site counts as leaving the noise floor.
-LOCALIZE_NOISE_RATIO = 2.0
+#: Noise ratio above which a site counts as leaving the noise floor (the
+#: verdict's envelope: a record that passes does not localize).
+LOCALIZE_NOISE_RATIO = BENIGN_NOISE_RATIO
 
 
 def severity(v: str) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from peat_jax import analyzer
+from peat_jax import detector
 from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
 
 B, T, H, D = 2, 24, 4, 32
@@ -70,7 +71,11 @@ def test_rounding_residues_in_cancelled_rows_pass(golden):
 
 def test_torch_sdpa_backward_passes(golden):
   """The real third-party kernel: torch's SDPA backward on the same
-  inputs (its dQ row 0 holds residues where golden's is 0)."""
+  inputs (its dQ row 0 holds residues where golden's is 0). It computes
+  ``D = rowsum(dO * O)``: 1.4-1.9x golden's RMS error against float64 on
+  eight seeds here, 2.0x on another x86-64 CPU whose XLA rounds golden
+  more closely. It passes with a margin of 1.5 from the verdict's
+  envelope and has no outliers."""
   torch = pytest.importorskip("torch")
   (q, k, v, do), g, r = golden
   qt, kt, vt = (torch.tensor(x.transpose(0, 2, 1, 3), requires_grad=True)
@@ -81,6 +86,9 @@ def test_torch_sdpa_backward_passes(golden):
   t = qt.grad.numpy().transpose(0, 2, 1, 3)
   diag = _diag(t, g, r)
   assert diag.verdict == "pass", (diag.model, diag.evidence)
+  sig = analyzer.analyze(jnp.asarray(t), jnp.asarray(g), jnp.asarray(r))
+  assert int(sig.n_out) == 0 and int(sig.n_beyond) == 0
+  assert float(sig.noise_ratio) * 1.5 <= detector.BENIGN_NOISE_RATIO
 
 
 @pytest.mark.parametrize("size", [1e-3, 1e-1])

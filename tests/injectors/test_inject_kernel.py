@@ -147,7 +147,9 @@ def test_computation_models_in_the_backward_pass():
   a, b = data(13, (8, 2048)), data(14, (2048, 8))
   ct = data(15, (8, 8))
   loss = lambda f: (lambda a, b: jnp.sum(f(a, b) * ct))
-  g_gold = jax.grad(loss(matmul), argnums=(0, 1))(a, b)
+  # The wrapper runs jitted: its golden counterpart is jitted too (eager and
+  # jitted dots round differently on some CPUs, PITFALLS.md).
+  g_gold = jax.jit(jax.grad(loss(matmul), argnums=(0, 1)))(a, b)
   ga_ref = f64(ct) @ f64(b).T
   kut = injectors.injecting_kernel("accumulation:bf16", matmul, where="bwd",
                              chunk=1)
@@ -252,9 +254,13 @@ def test_kernel_wrapper_injects_forward_output_and_backward_cotangents(
   kut = injectors.injecting_kernel(name, lax.dot_general, where=where, **params)
   f = lambda a, b: kut(a, b, DOT, inject_key=key)
   y, vjp = jax.vjp(f, a, b)
-  y_gold, vjp_gold = jax.vjp(matmul, a, b)
   ct = data(23, (16, 8))
-  g, g_gold = vjp(ct), vjp_gold(ct)
+  # The wrapper runs jitted: so does the golden VJP it is compared with
+  # (eager and jitted dots round differently on some CPUs, PITFALLS.md).
+  y_gold, g_gold = jax.jit(
+      lambda a, b, ct: (lambda y, f: (y, f(ct)))(*jax.vjp(matmul, a, b)))(
+          a, b, ct)
+  g = vjp(ct)
   kf, kb = rnd.derive(key, 0), rnd.derive(key, 1)
   if where in ("fwd", "both"):
     want = injectors.inject(name, rnd.derive(kf, 0), y_gold, **params)
