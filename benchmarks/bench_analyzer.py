@@ -6,7 +6,7 @@ pair (a KUT with relative noise ~1e-6 against its golden), best of
 
 * ceiling: a large array copy (NumPy `copyto` into a preallocated buffer and
   a jitted JAX copy; the faster one), counted as bytes read + written;
-* peat_jax: `peat_jax.analyzer._signature.analyze(t, g)` (all fields), counted as the
+* peat_jax: `peat_jax.analyzer.signature._signature.analyze(t, g)` (all fields), counted as the
   bytes of the two inputs; on CPU its statistics pass is the native kernel
   (csrc/signature.cc). Also shown: that pass alone, and `analyze` on a pair
   whose values are beyond the native fast path (|x| >= 448: every block

@@ -5,7 +5,7 @@ Usage::
   python benchmarks/readme_campaigns.py [--workdir=/tmp/peat_readme] \
       [--only=cnn,gpt]
 
-Runs :func:`peat_jax.profiler._campaign.validate` (golden run, playback FI, runtime
+Runs :func:`peat_jax.profiler.campaigns._campaign.validate` (golden run, playback FI, runtime
 FI, verdict, report) for native kernel variants on
 
 * vision pretraining: ``cnn`` (conv2d ``in_bf16`` and ``tile_edge_bug@12``);

@@ -117,4 +117,4 @@ from peat_jax.profiler import nnx_task as nnx_task
 from peat_jax.profiler import read_campaign as read_campaign
 from peat_jax import testing as testing
 
-__version__ = "0.1.0"
+from peat_jax.core import VERSION as __version__

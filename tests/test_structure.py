@@ -8,7 +8,15 @@
   docs and the README) nothing imports a private module of the library;
 * inside ``peat_jax/``, imports point one way along :data:`LAYERS`, across
   packages only through a package's facade, and never reach the model zoo,
-  the tools, the bridges or torch.
+  the tools, the bridges or torch;
+* inside a package made of parts (:data:`PARTS`: the Analyzer's references,
+  signature and probes; the Profiler's campaign files, golden runs,
+  playback, runtime FI, captures, isolation, scale-out, campaigns),
+  imports point one way along the parts and across parts only through a
+  part's facade;
+* no circle of imports exists anywhere in ``peat_jax/`` (module-level and
+  deferred imports alike), and no package or part holds more than
+  :data:`MAX_MODULES` modules.
 """
 
 import ast
@@ -49,6 +57,13 @@ verdict write_report
 #: before it (and itself).
 LAYERS = ("core", "sites", "kernels", "injectors", "analyzer", "detector",
           "report", "profiler", "testing")
+#: Packages made of parts (sub-packages), lowest part first: a part imports
+#: only parts before it (and itself), through their facades.
+PARTS = {
+    "analyzer": ("references", "signature", "probes"),
+    "profiler": ("files", "golden", "playback_fi", "runtime_fi", "capture",
+                 "isolation", "scaleout", "campaigns"),
+}
 #: Top-level modules of peat_jax above every package (the facade).
 TOP = ("__init__",)
 OUTSIDE = ("tools", "bridges", "models", "benchmarks", "scripts")
@@ -106,13 +121,16 @@ def _imports(path: str):
         yield node.lineno, f"{node.module}.{a.name}"
 
 
-_PRIVATE = re.compile(r"peat_jax(\.(core|sites|kernels|injectors|analyzer|"
-                      r"detector|report|profiler|testing))?\._\w+")
+#: The library's packages (their parts included): private below them is
+#: private to peat_jax/ (tools/ and bridges/ have private modules of their
+#: own, installed as peat_jax.tools and peat_jax.bridges).
+_LIBRARY = (r"(\.(core|sites|kernels|injectors|analyzer|detector|report|"
+            r"profiler|testing)(\.[a-z]\w*)*)?")
+_PRIVATE = re.compile(r"peat_jax" + _LIBRARY + r"\._\w+")
 
 
-_FROM_PRIVATE = re.compile(r"from peat_jax(\.(core|sites|kernels|injectors|"
-                           r"analyzer|detector|report|profiler|testing))? import "
-                           r"\(?\s*(_\w+)")
+_FROM_PRIVATE = re.compile(r"from peat_jax" + _LIBRARY +
+                           r" import \(?\s*(_\w+)")
 
 
 def _private_uses(text: str) -> list[str]:
@@ -172,6 +190,156 @@ def test_imports_inside_peat_jax_point_one_way_through_facades():
   assert not bad, "\n".join(bad)
 
 
+def _part_of(path: str) -> tuple[str, str] | None:
+  """(package, part) of a module inside a part of a package with parts."""
+  rel = os.path.relpath(path, os.path.join(ROOT, "peat_jax")).split(os.sep)
+  if len(rel) > 2 and rel[0] in PARTS:
+    return rel[0], rel[1]
+  return None
+
+
+def test_parts_of_a_package_point_one_way_through_facades():
+  bad = []
+  for package, parts in PARTS.items():
+    rank = {p: i for i, p in enumerate(parts)}
+    for path in glob.glob(os.path.join(ROOT, "peat_jax", package, "**",
+                                       "*.py"), recursive=True):
+      own = _part_of(path)
+      where = os.path.relpath(path, ROOT)
+      if own is None:
+        continue  # the package's own facade
+      assert own[1] in rank, f"{where}: part {own[1]} not in PARTS"
+      for line, mod in _imports(path):
+        p = mod.split(".")
+        if p[:2] != ["peat_jax", package] or len(p) < 3:
+          continue
+        if p[2].startswith("_"):
+          bad.append(f"{where}:{line}: imports {mod}, a module outside the "
+                     f"parts of {package}")
+          continue
+        target = p[2]
+        if target not in rank:
+          continue  # a public name of the package's facade: not allowed below
+        if target == own[1]:
+          continue
+        if rank[target] > rank[own[1]]:
+          bad.append(f"{where}:{line}: {own[1]} imports {mod}, a higher part "
+                     f"of {package}")
+        elif len(p) > 3 and p[3].startswith("_"):
+          bad.append(f"{where}:{line}: {own[1]} imports {mod}, a private "
+                     f"module of part {target} (use its facade "
+                     f"peat_jax.{package}.{target})")
+      for line, mod in _imports(path):
+        p = mod.split(".")
+        if p[:2] == ["peat_jax", package] and len(p) == 3 and \
+            p[2] not in rank and not p[2].startswith("_"):
+          bad.append(f"{where}:{line}: imports {mod} from the facade of "
+                     f"{package}, which stands above its parts")
+  assert not bad, "\n".join(bad)
+
+
+#: Most modules a package (or a part of one) holds before it is split into
+#: parts a reader can find by name.
+MAX_MODULES = 15
+
+
+def test_no_package_or_part_outgrows_max_modules():
+  big = []
+  for init in glob.glob(os.path.join(ROOT, "peat_jax", "**", "__init__.py"),
+                        recursive=True):
+    folder = os.path.dirname(init)
+    mods = [f for f in os.listdir(folder)
+            if f.endswith(".py") and f != "__init__.py"]
+    if len(mods) > MAX_MODULES:
+      big.append(f"{os.path.relpath(folder, ROOT)}: {len(mods)} modules")
+  assert not big, ("split these into parts (PARTS):\n" + "\n".join(big))
+
+
+def _module_graph(root: str) -> dict[str, set[str]]:
+  """Module -> the peat_jax modules it imports (anywhere in its code)."""
+  modules = {}
+  for path in glob.glob(os.path.join(root, "peat_jax", "**", "*.py"),
+                        recursive=True):
+    rel = os.path.relpath(path, root)[:-3].split(os.sep)
+    if rel[-1] == "__init__":
+      rel = rel[:-1]
+    modules[".".join(rel)] = path
+  graph = {}
+  for name, path in modules.items():
+    deps = set()
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}"
+                   in modules else node.module for a in node.names]
+      else:
+        continue
+      for t in targets:
+        while t and t not in modules:
+          t = t.rpartition(".")[0]
+        if t and t != name:
+          deps.add(t)
+    graph[name] = deps
+  return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """One circle through each strongly connected group of modules, skipping
+  a package's own facade importing its modules (the way in, not a circle
+  unless a module imports the facade back)."""
+  index, low, stack, on, found = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in graph.get(v, ()):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      group = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        group.append(w)
+        if w == v:
+          break
+      if len(group) > 1:
+        found.append(sorted(group))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return found
+
+
+def test_no_circle_of_imports_anywhere_in_peat_jax():
+  graph = _module_graph(ROOT)
+  # A package's facade imports its modules, and they import other packages'
+  # facades; a module importing a facade that (through others) imports the
+  # module back is a circle.
+  cycles = _cycles(graph)
+  assert not cycles, "import circles:\n" + "\n".join(
+      " <-> ".join(c) for c in cycles)
+
+
+def test_the_circle_test_finds_a_circle(tmp_path):
+  pkg = tmp_path / "peat_jax" / "kernels"
+  pkg.mkdir(parents=True)
+  (tmp_path / "peat_jax" / "__init__.py").write_text("")
+  (pkg / "__init__.py").write_text("from peat_jax.kernels import kut\n")
+  (pkg / "kut.py").write_text("from peat_jax.kernels import _user\n")
+  (pkg / "_user.py").write_text(
+      "def f():\n  from peat_jax.kernels import kut\n")
+  assert _cycles(_module_graph(str(tmp_path))) == [
+      ["peat_jax.kernels._user", "peat_jax.kernels.kut"]]
+
+
 def test_the_layering_test_catches_a_violation(tmp_path, monkeypatch):
   """The two scans above fail on the violations they are for."""
   src = tmp_path / "peat_jax" / "sites"
@@ -184,7 +352,7 @@ def test_the_layering_test_catches_a_violation(tmp_path, monkeypatch):
   assert "imports torch" in str(err.value)
   (tmp_path / "tools").mkdir()
   (tmp_path / "tools" / "x.py").write_text(
-      "from peat_jax.analyzer import _api\n")
+      "from peat_jax.analyzer.signature import _api\n")
   (tmp_path / "docs").mkdir()
   (tmp_path / "README.md").write_text("see peat_jax._campaign\n"
                                       "from peat_jax.profiler import _golden\n")

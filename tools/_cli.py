@@ -14,9 +14,20 @@ ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
 :func:`define_backward_flag` (``--backward=golden|kut``),
 :func:`define_invariance_flag` (``--invariance``),
 :func:`define_fail_on` and :func:`exit_status` (``--fail_on``: exit status 1
-when the verdict reaches it) and :func:`campaign_dir_and_steps` (the
-campaign tools' required directory and step list). :func:`run` refuses
-positional arguments with exit status 2.
+when the verdict reaches it), :func:`campaign_dir_and_checkpoints` (the
+campaign tools' required directory and checkpoint list),
+:func:`define_golden_steps_flags` (``--steps`` and ``--checkpoint_every``
+of a golden run) and :func:`define_renamed_flags` (hidden placeholders of
+flags a tool took under another name: exit status 2 and one ``error:`` line
+naming the new flag). :func:`run` refuses positional arguments with exit
+status 2.
+
+One language across the tools: ``--campaign_dir`` is a campaign directory
+(its golden run in ``<campaign_dir>/golden``); ``--scenario``,
+``--batch_size``, ``--overrides``, ``--seed``, ``--task`` name the golden
+run's task; ``--select`` is an fnmatch pattern narrowing sites; ``--steps``
+counts golden training steps; ``--checkpoints`` lists the checkpoint steps to
+play back; ``--runtime_steps`` counts runtime FI steps.
 """
 
 import json
@@ -48,6 +59,9 @@ def run(main: Callable[[list[str]], int], flag_values: flags.FlagValues,
     sys.exit(0)
   try:
     rest = flag_values(argv)
+  except RenamedFlagError as e:  # the message names the new flag already
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   except flags.Error as e:
     print(f"error: {e}\nPass --help to list this tool's flags.",
           file=sys.stderr)
@@ -181,19 +195,22 @@ def parse_bytes(text: str) -> int:
 
 def make_task(scenario: str, workdir: str, *, overrides: str | None = None,
               batch_size: int | None = None, seed: int = 0,
-              progress=print):
+              init_from: str | None = None, progress=print):
   """The scenario's task, as the campaign tools build it from their flags.
 
-  Tasks are cached per (scenario, workdir, overrides, batch size, seed) in
-  the process, so tools run one after another (or their tests) reuse one
-  task and its compiled train step.
+  Tasks are cached per (scenario, workdir, overrides, batch size, seed,
+  init_from) in the process, so tools run one after another (or their
+  tests) reuse one task and its compiled train step.
 
   Args:
     scenario: scenario name (``peat_jax.models.scenario_names()``).
-    workdir: where a finetuning scenario keeps its pretraining run.
+    workdir: the campaign directory; a finetuning scenario keeps its
+      pretraining run in ``<workdir>/task/pretrain`` (``models.prepare_task``
+      of ``<workdir>/task``), unless ``init_from`` names one.
     overrides: JSON object of config overrides, or None.
     batch_size: overrides the batch size when set.
     seed: golden seed.
+    init_from: a finetuning scenario's existing pretraining run, or None.
     progress: where pretraining lines go.
 
   Returns:
@@ -214,13 +231,14 @@ def make_task(scenario: str, workdir: str, *, overrides: str | None = None,
                          f"{overrides!r}")
   if batch_size:
     extra["batch_size"] = batch_size
+  init_from = os.path.abspath(init_from) if init_from else None
   key = (scenario, os.path.abspath(workdir), json.dumps(extra, sort_keys=True),
-         seed)
+         seed, init_from)
   if key not in _TASKS:
     from peat_jax import models  # pylint: disable=g-import-not-at-top
     _TASKS[key] = models.prepare_task(
         scenario, os.path.join(workdir, "task"), seed=seed,
-        progress=progress, **extra)
+        init_from=init_from, progress=progress, **extra)
   return _TASKS[key]
 
 
@@ -236,10 +254,18 @@ class TaskFlags(NamedTuple):
   seed: flags.FlagHolder
   user: flags.FlagHolder  # --task
 
-  def task(self, workdir: str, progress=print):
+  def task(self, workdir: str, progress=print,
+           init_from: str | None = None):
     """:func:`make_task` from these flags' values, or the ``--task``'s.
 
+    Args:
+      workdir: the campaign directory (see :func:`make_task`).
+      progress: where pretraining lines go.
+      init_from: a finetuning scenario's pretraining run (see
+        :func:`make_task`).
+
     Raises:
+      UsageError: scenario flags together with ``--task``.
       peat_jax.PeatError: as :func:`make_task` or :func:`user_task`.
     """
     if self.user.value:
@@ -249,7 +275,7 @@ class TaskFlags(NamedTuple):
     return make_task(self.scenario.value, workdir,
                      overrides=self.overrides.value,
                      batch_size=self.batch_size.value, seed=self.seed.value,
-                     progress=progress)
+                     init_from=init_from, progress=progress)
 
   def label(self) -> str | None:
     """The scenario's name, or None with ``--task`` (the task's own name)."""
@@ -445,21 +471,116 @@ class UsageError(ValueError):
   """A flag value a tool cannot run with (printed as ``error: ...``)."""
 
 
-def campaign_dir_and_steps(campaign_dir: str | None, steps: list[str] | None
-                           ) -> tuple[str, list[int] | None]:
-  """The campaign tools' required --campaign_dir and optional --steps.
+def campaign_dir_and_checkpoints(campaign_dir: str | None,
+                                 checkpoints: list[str] | None
+                                 ) -> tuple[str, list[int] | None]:
+  """The campaign tools' required --campaign_dir and optional --checkpoints.
+
+  Args:
+    campaign_dir: ``--campaign_dir``'s value.
+    checkpoints: ``--checkpoints``' value (checkpoint steps, or with
+      ``peat-playback --ops`` capture steps), or None for all.
 
   Returns:
-    ``(absolute directory, steps as ints or None)``.
+    ``(absolute directory, checkpoint steps as ints or None)``.
 
   Raises:
-    UsageError: no directory, or steps that are not integers.
+    UsageError: no directory, or checkpoint steps that are not integers.
   """
   if not campaign_dir:
     raise UsageError("--campaign_dir is required (a campaign made by "
-                     "peat-profile or peat-validate)")
+                     "peat-golden, peat-profile or peat-validate)")
   try:
-    ints = [int(s) for s in steps] if steps else None
+    ints = [int(s) for s in checkpoints] if checkpoints else None
   except ValueError:
-    raise UsageError(f"--steps must be integers; got {steps}") from None
+    raise UsageError(f"--checkpoints must be integers (checkpoint steps, "
+                     f"e.g. --checkpoints=0,10); got {checkpoints}"
+                     ) from None
   return os.path.abspath(campaign_dir), ints
+
+
+def define_golden_steps_flags(flag_values: flags.FlagValues,
+                              steps: int | None = 40,
+                              checkpoint_every: int | None = 10,
+                              steps_note: str = ""
+                              ) -> tuple[flags.FlagHolder, flags.FlagHolder]:
+  """Defines ``--steps`` and ``--checkpoint_every`` of a golden run.
+
+  ``--steps`` means golden training steps in every tool that takes it
+  (peat-golden, peat-profile, peat-validate); checkpoint steps to play back
+  are ``--checkpoints``, runtime FI steps ``--runtime_steps``.
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+    steps: default of ``--steps`` (None: the scenario's own budget).
+    checkpoint_every: default of ``--checkpoint_every`` (None: the
+      scenario's own).
+    steps_note: appended to ``--steps``' help.
+
+  Returns:
+    Their holders.
+  """
+  default = " Default: the scenario's budget." if steps is None else ""
+  every = (" Default: the scenario's interval." if checkpoint_every is None
+           else "")
+  return (
+      flags.DEFINE_integer(
+          "steps", steps, "Golden training steps (optimizer steps of the "
+          f"golden run).{default}{steps_note}", flag_values=flag_values),
+      flags.DEFINE_integer(
+          "checkpoint_every", checkpoint_every, "Golden checkpoint interval "
+          f"in steps (= model playback points).{every}",
+          flag_values=flag_values))
+
+
+# ------------------------------------------------------------ renamed flags
+
+
+class RenamedFlagError(flags.IllegalFlagValueError):
+  """A flag a tool took under an old name, passed anyway.
+
+  Its message names the new flag and what it means; :func:`run` prints it as
+  one ``error:`` line and exits with status 2.
+  """
+
+
+class _RenamedFlag(flags.BooleanFlag):
+  """A hidden placeholder: any use (``--old``, ``--old=x``, ``--noold``)
+  raises :class:`RenamedFlagError` while the command line is parsed."""
+
+  def __init__(self, name: str, message: str):
+    super().__init__(name, None, message)
+    self.message = message
+
+  def parse(self, argument) -> None:
+    del argument
+    raise RenamedFlagError(self.message)
+
+
+CHECKPOINTS_RENAMED = (
+    "checkpoints", "the checkpoint steps to play back, e.g. "
+    "--checkpoints=0,10; --steps counts golden training steps only "
+    "(peat-golden, peat-profile, peat-validate)")
+
+
+def define_renamed_flags(flag_values: flags.FlagValues,
+                         **renamed: tuple[str, str]) -> None:
+  """Defines hidden placeholders of flags this tool took under old names.
+
+  A command line that uses one exits with status 2 and one line,
+  ``error: --<old> is now --<new>: <meaning>``, instead of an unknown-flag
+  error (or, worse, an old name that silently means something else). The
+  placeholders are not listed by ``--help``.
+
+  >>> define_renamed_flags(FLAGS, workdir=(
+  ...     "campaign_dir", "the golden run goes to <campaign_dir>/golden"))
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+    **renamed: ``old name=(new name, what the new flag means)``.
+  """
+  for old, (new, meaning) in renamed.items():
+    # Registered by name only (no defining module): get_help() lists flags
+    # by module, so the placeholder stays out of --help.
+    flag_values[old] = _RenamedFlag(old, f"--{old} is now --{new}: "
+                                         f"{meaning}")

@@ -3,7 +3,8 @@ r"""Detector calibration on site inputs captured from the models' training.
 Usage::
 
   python -m peat_jax.tools.calibrate                  # all kernels, 3 dtypes
-  python -m peat_jax.tools.calibrate --dtypes=float32 --seeds=0 --rows=128
+  python -m peat_jax.tools.calibrate --dtypes=float32 --injection_seeds=0 \
+      --rows=128
 
 Trains each source model for a few golden steps, taps the forward sites of
 matmul (Linear), convolution, softmax, layer norm, attention and GELU on the
@@ -36,7 +37,9 @@ from peat_jax.models import layers
 
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16", "float16"],
                             "Input dtypes of the tensor-injection cases.", flag_values=FLAGS)
-_SEEDS = flags.DEFINE_list("seeds", ["0", "1"], "Injection seeds.", flag_values=FLAGS)
+_SEEDS = flags.DEFINE_list(
+    "injection_seeds", ["0", "1"], "Seeds of the injected errors.",
+    flag_values=FLAGS)
 _ROWS = flags.DEFINE_integer("rows", 256, "Rows kept of each captured input.", flag_values=FLAGS)
 _WARMUP = flags.DEFINE_integer(
     "warmup_steps", 30, "Golden steps before capturing site inputs.", flag_values=FLAGS)
@@ -51,6 +54,10 @@ _INVARIANCE = flags.DEFINE_bool(
     "Invariance cases instead: KUTs that return an earlier call's values, "
     "ignore their input, change it in place or depend on the batch, probed "
     "as in playback (float32).", flag_values=FLAGS)
+_cli.define_renamed_flags(
+    FLAGS, seeds=("injection_seeds", "the seeds of the injected errors; "
+                  "--seeds is the golden seeds of runtime FI's "
+                  "seed-to-seed spread (peat-runtime)"))
 
 # Source models: small enough to capture in seconds, real data and training.
 SOURCES = {

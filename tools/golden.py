@@ -2,13 +2,20 @@ r"""Golden training of a reference model with Orbax checkpoints.
 
 Usage::
 
-  python -m peat_jax.tools.golden --scenario=cnn --workdir=runs/cnn
+  python -m peat_jax.tools.golden --scenario=cnn --campaign_dir=runs/cnn
   python -m peat_jax.tools.golden --scenario=gpt_finetune --steps=100
+  # then the campaign tools on the same directory and task flags
+  python -m peat_jax.tools.playback --campaign_dir=runs/cnn --scenario=cnn
 
-A finetuning scenario without ``--init_from`` first runs (or resumes) its
-pretraining scenario in ``<workdir>/pretrain``. ``--task=<module>:<function>``
-trains the user's own task instead (a function returning a peat.TrainTask,
-e.g. built by peat.nnx_task).
+The golden run goes to <campaign_dir>/golden (checkpoints, per-step log,
+run.json), the campaign layout that peat-profile and peat-validate write and
+peat-playback, peat-runtime and peat-scaleout read: pass them the same
+--campaign_dir and the same --scenario, --batch_size, --overrides and --seed
+(or --task). A finetuning scenario without --init_from first runs (or
+resumes) its pretraining scenario in <campaign_dir>/task/pretrain, where the
+other tools find it. --task=<module>:<function> trains the user's own task
+instead (a function returning a peat.TrainTask, e.g. built by
+peat.nnx_task).
 """
 
 import os
@@ -22,24 +29,26 @@ from absl import logging
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import models
 
-_SCENARIO = flags.DEFINE_string(
-    "scenario", models.DEFAULT_SCENARIO,
-    f"Training scenario, one of {models.scenario_names()}.", flag_values=FLAGS)
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Run directory; default runs/<scenario>.", flag_values=FLAGS)
-_STEPS = flags.DEFINE_integer(
-    "steps", None, "Optimizer steps; default: the scenario's budget.", flag_values=FLAGS)
-_CHECKPOINT_EVERY = flags.DEFINE_integer(
-    "checkpoint_every", None, "Checkpoint interval in steps.", flag_values=FLAGS)
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of parameters, RNG and data.", flag_values=FLAGS)
+_CAMPAIGN_DIR = flags.DEFINE_string(
+    "campaign_dir", None,
+    "Campaign directory; the golden run goes to <campaign_dir>/golden "
+    "(where peat-playback, peat-runtime and peat-scaleout read it). Default "
+    "runs/<scenario or task name>.", flag_values=FLAGS)
+_STEPS, _CHECKPOINT_EVERY = _cli.define_golden_steps_flags(
+    FLAGS, steps=None, checkpoint_every=None)
 _RESUME = flags.DEFINE_bool(
-    "resume", True, "Continue from the latest checkpoint in --workdir.", flag_values=FLAGS)
+    "resume", True, "Continue from the latest checkpoint in "
+    "<campaign_dir>/golden.", flag_values=FLAGS)
 _INIT_FROM = flags.DEFINE_string(
     "init_from", None,
-    "Finetuning scenarios: a golden run of the pretraining scenario.", flag_values=FLAGS)
-_TASK = _cli.define_task_flag(FLAGS)
+    "Finetuning scenarios: an existing golden run of the pretraining "
+    "scenario to start from (default: run it in "
+    "<campaign_dir>/task/pretrain).", flag_values=FLAGS)
+_TASK = _cli.define_task_flags(FLAGS)
+_cli.define_renamed_flags(
+    FLAGS, workdir=("campaign_dir", "the golden run goes to "
+                    "<campaign_dir>/golden"))
 
 
 def main(argv: list[str]) -> int:
@@ -47,20 +56,20 @@ def main(argv: list[str]) -> int:
     return 2
   logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
   try:
-    _cli.check_task_flags(_TASK, _SCENARIO, _INIT_FROM)
-    if _TASK.value:
-      task = _cli.user_task(_TASK.value).build()
-      workdir = os.path.abspath(_WORKDIR.value or
-                                os.path.join("runs", task.name))
+    _cli.check_task_flags(_TASK.user, _TASK.scenario, _TASK.batch_size,
+                          _TASK.overrides, _INIT_FROM)
+    if _TASK.user.value:
+      task = _TASK.task("")
+      directory = os.path.abspath(_CAMPAIGN_DIR.value or
+                                  os.path.join("runs", task.name))
     else:
-      workdir = os.path.abspath(_WORKDIR.value or
-                                os.path.join("runs", _SCENARIO.value))
-      task = models.prepare_task(_SCENARIO.value, workdir, seed=_SEED.value,
-                                 init_from=_INIT_FROM.value, progress=print)
+      directory = os.path.abspath(_CAMPAIGN_DIR.value or
+                                  os.path.join("runs", _TASK.scenario.value))
+      task = _TASK.task(directory, init_from=_INIT_FROM.value)
     result = peat.golden_train(
-        task, workdir, steps=_STEPS.value,
-        checkpoint_every=_CHECKPOINT_EVERY.value, seed=_SEED.value,
-        resume=_RESUME.value, progress=print)
+        task, os.path.join(directory, peat.profiler.GOLDEN_DIR),
+        steps=_STEPS.value, checkpoint_every=_CHECKPOINT_EVERY.value,
+        seed=_TASK.seed.value, resume=_RESUME.value, progress=print)
   except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -70,6 +79,7 @@ def main(argv: list[str]) -> int:
   print(f"checkpoints (steps {result.steps}): {result.checkpoint_dir}")
   print(f"per-step log: {result.log_path}")
   print(f"output: {result.workdir}")
+  print(f"campaign: {directory}")
   return 0
 
 

@@ -10,7 +10,7 @@ Usage::
       --kut=native:matmul:acc_bf16 --ops
 
 Model playback (default): for each saved checkpoint s of
-<campaign_dir>/golden (all but the last, or --steps), restore the training
+<campaign_dir>/golden (all but the last, or --checkpoints), restore the training
 state, run step s once with the golden kernel and the KUT on identical
 inputs at every selected site, and record each site's signature and
 diagnosis plus the step's effect on loss, gradient norm and parameter update
@@ -20,14 +20,15 @@ site is recorded (one signature per cotangent, against the golden VJP and a
 float64 reference VJP). With --invariance the KUT is also probed for stale
 outputs, inputs changed in place, ignored inputs and batch variance at each
 played site (docs/detector.md). The golden run must exist
-(peat-profile or peat-validate made it) and --scenario, --batch_size and
---overrides must match it.
+(peat-golden, peat-profile or peat-validate made it) and --scenario,
+--batch_size, --overrides and --seed must match it.
 
 Op-level playback (--ops): for each (step, site) record that peat-profile
 captured for the KUT's kernel, load the site's inputs, run the KUT and the
 golden kernel on them (no model, no training state), compare with the
 float64 reference, and append the records to <campaign_dir>/ops.msgpack.
-Corrupt capture files are named in the error.
+--checkpoints then lists capture steps. Corrupt capture files are named in
+the error.
 
 Both resume: records already there are skipped. The end prints a summary
 table (per site: diagnosed error model, verdict, largest noise ratio) and
@@ -62,22 +63,25 @@ _OPS = flags.DEFINE_bool(
 _SELECT = flags.DEFINE_string(
     "select", None, "fnmatch pattern narrowing the KUT's sites.",
     flag_values=FLAGS)
-_STEPS = flags.DEFINE_list(
-    "steps", None, "Steps to play back (checkpoint steps, or with --ops "
-    "capture steps); default all.", flag_values=FLAGS)
+_CHECKPOINTS = flags.DEFINE_list(
+    "checkpoints", None, "Checkpoint steps to play back, e.g. 0,10; default "
+    "all saved but the last. With --ops: the capture steps to play back; "
+    "default all captured.", flag_values=FLAGS)
 _PHASE = flags.DEFINE_list(
     "phase", ["fwd"], "--ops only: site phases to play back (fwd, bwd); "
     "empty for every captured phase.", flag_values=FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
 _INVARIANCE = _cli.define_invariance_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS, "Model playback: the golden run's")
+_cli.define_renamed_flags(FLAGS, steps=_cli.CHECKPOINTS_RENAMED)
 
 
 def _model(directory: str, steps, kut) -> tuple[list, list, list]:
   task = _TASK.task(directory)
-  golden = os.path.join(directory, "golden")
+  golden = os.path.join(directory, peat.profiler.GOLDEN_DIR)
   if steps is None:
-    saved = peat.saved_steps(os.path.join(golden, "checkpoints"))
+    saved = peat.saved_steps(os.path.join(golden,
+                                          peat.profiler.CHECKPOINT_DIR))
     n = max(len(saved) - 1, 1)
   else:
     n = len(steps)
@@ -105,8 +109,8 @@ def main(argv: list[str]) -> int:
   if _cli.stray(argv) is not None:
     return 2
   try:
-    directory, steps = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value,
-                                                   _STEPS.value)
+    directory, steps = _cli.campaign_dir_and_checkpoints(
+        _CAMPAIGN_DIR.value, _CHECKPOINTS.value)
   except _cli.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -21,7 +21,7 @@ no model.
 
 Sites are chosen by kernel (--capture_kernel), phase (--capture_phase) and a
 name pattern (--capture_sites); all given criteria must hold. List the site
-names with `peat-sites --model=<scenario>`. Step s captures the inputs of
+names with `peat-sites --scenario=<scenario>`. Step s captures the inputs of
 the update from step s to s + 1.
 
 The storage budget (--budget) is applied before training: records are taken
@@ -42,21 +42,12 @@ from peat_jax.tools import _cli
 FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
-from peat_jax import models
 
-_SCENARIO = flags.DEFINE_string(
-    "scenario", models.DEFAULT_SCENARIO,
-    f"Training scenario, one of {models.scenario_names()}.",
-    flag_values=FLAGS)
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None,
     "Campaign directory (golden/ and captures/ go there); default "
     "runs/profile_<scenario>.", flag_values=FLAGS)
-_STEPS = flags.DEFINE_integer("steps", 40, "Golden training steps.",
-                              flag_values=FLAGS)
-_CHECKPOINT_EVERY = flags.DEFINE_integer(
-    "checkpoint_every", 10, "Checkpoint interval in steps (= model playback "
-    "points).", flag_values=FLAGS)
+_STEPS, _CHECKPOINT_EVERY = _cli.define_golden_steps_flags(FLAGS)
 _SITES = flags.DEFINE_string(
     "capture_sites", None,
     "fnmatch pattern over site names to capture, e.g. 'fwd/Cnn/Conv/*'.",
@@ -78,14 +69,7 @@ _BUDGET = flags.DEFINE_string(
     "budget", "64MiB",
     "Storage budget of the capture files: bytes, or with a unit (kB, KiB, "
     "MB, MiB, GB, GiB).", flag_values=FLAGS)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "Override the scenario's batch size.",
-    flag_values=FLAGS)
-_OVERRIDES = flags.DEFINE_string(
-    "overrides", None, "JSON object of task config overrides, e.g. "
-    '\'{"lr": 1e-3}\'.', flag_values=FLAGS)
-_SEED = flags.DEFINE_integer("seed", 0, "Golden seed.", flag_values=FLAGS)
-_TASK = _cli.define_task_flag(FLAGS)
+_TASK = _cli.define_task_flags(FLAGS)
 
 
 def _steps_flag(text: str | None):
@@ -117,7 +101,8 @@ def _summary(result: peat.ProfileResult) -> str:
 def main(argv: list[str]) -> int:
   if _cli.stray(argv) is not None:
     return 2
-  label = _TASK.value.replace(":", "_") if _TASK.value else _SCENARIO.value
+  label = (_TASK.user.value.replace(":", "_") if _TASK.user.value
+           else _TASK.scenario.value)
   directory = os.path.abspath(_CAMPAIGN_DIR.value or os.path.join(
       "runs", f"profile_{label}"))
   try:
@@ -131,11 +116,7 @@ def main(argv: list[str]) -> int:
          "capture_phase": tuple(_PHASE.value) or None}
   capturing = any(v is not None for v in sel.values())
   try:
-    _cli.check_task_flags(_TASK, _SCENARIO, _BATCH_SIZE, _OVERRIDES)
-    task = _cli.user_task(_TASK.value).build() if _TASK.value else (
-        _cli.make_task(_SCENARIO.value, directory,
-                       overrides=_OVERRIDES.value,
-                       batch_size=_BATCH_SIZE.value, seed=_SEED.value))
+    task = _TASK.task(directory)
     n_ckpt = -(-_STEPS.value // _CHECKPOINT_EVERY.value)
     n_cap = len(peat.profiler.capture_step_list(
         steps_sel, _STEPS.value, _CHECKPOINT_EVERY.value)) if capturing else 0
@@ -147,7 +128,7 @@ def main(argv: list[str]) -> int:
         task, directory, steps=_STEPS.value,
         checkpoint_every=_CHECKPOINT_EVERY.value, **sel,
         capture_steps=steps_sel, budget_bytes=budget if capturing else None,
-        seed=_SEED.value, progress=capture_eta)
+        seed=_TASK.seed.value, progress=capture_eta)
   except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

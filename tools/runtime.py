@@ -5,10 +5,11 @@ Usage::
   python -m peat_jax.tools.runtime --campaign_dir=runs/profile_cnn \
       --kut=native:conv2d:in_bf16 --frequencies=every,every_4,fraction_0.25
   python -m peat_jax.tools.runtime --campaign_dir=runs/c1 \
-      --kut=native:matmul:acc_bf16 --start_step=20 --steps=30
+      --kut=native:matmul:acc_bf16 --start_step=20 --runtime_steps=30
 
 From the golden checkpoint --start_step of <campaign_dir>/golden, trains
---steps steps once per frequency with the KUT at the selected sites:
+--runtime_steps steps once per frequency with the KUT at the selected
+sites:
 
   every          every call of every selected site
   every_<n>      every call on steps where step % n == 0, golden otherwise
@@ -23,8 +24,8 @@ threshold: a run diverges at the first step whose loss is NaN/Inf, above
 10x golden, or beyond 3x the spread envelope for 5 consecutive steps.
 Results go to <campaign_dir>/runtime.msgpack (finished frequencies are
 skipped when run again); the end prints a table per frequency. The golden
-run must exist (peat-profile or peat-validate made it) and --scenario,
---batch_size and --overrides must match it.
+run must exist (peat-golden, peat-profile or peat-validate made it) and
+--scenario, --batch_size, --overrides and --seed must match it.
 """
 
 import os
@@ -45,8 +46,9 @@ _KUT = _cli.define_kut_flags(FLAGS)
 _FREQUENCIES = flags.DEFINE_list(
     "frequencies", ["every", "every_4", "fraction_0.25"],
     "Frequencies: every, every_<n>, fraction_<p>.", flag_values=FLAGS)
-_STEPS = flags.DEFINE_integer("steps", 40, "Training steps per frequency.",
-                              flag_values=FLAGS)
+_RUNTIME_STEPS = flags.DEFINE_integer(
+    "runtime_steps", 40, "Runtime FI steps per frequency.",
+    flag_values=FLAGS)
 _START = flags.DEFINE_integer(
     "start_step", 0, "Saved golden checkpoint step to start from.",
     flag_values=FLAGS)
@@ -58,6 +60,10 @@ _SELECT = flags.DEFINE_string(
     flag_values=FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS)
+_cli.define_renamed_flags(
+    FLAGS, steps=("runtime_steps", "runtime FI steps per frequency; --steps "
+                  "counts golden training steps only (peat-golden, "
+                  "peat-profile, peat-validate)"))
 
 
 def summary(result: peat.RuntimeResult) -> str:
@@ -78,7 +84,8 @@ def main(argv: list[str]) -> int:
   if _cli.stray(argv) is not None:
     return 2
   try:
-    directory, _ = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value, None)
+    directory, _ = _cli.campaign_dir_and_checkpoints(_CAMPAIGN_DIR.value,
+                                                     None)
     seeds = tuple(int(s) for s in _SEEDS.value)
   except _cli.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -94,8 +101,8 @@ def main(argv: list[str]) -> int:
     task = _TASK.task(directory)
     with peat.profiler.campaign_lock(directory):
       result = peat.runtime(
-          task, os.path.join(directory, "golden"), kut,
-          frequencies=tuple(_FREQUENCIES.value), steps=_STEPS.value,
+          task, os.path.join(directory, peat.profiler.GOLDEN_DIR), kut,
+          frequencies=tuple(_FREQUENCIES.value), steps=_RUNTIME_STEPS.value,
           start_step=_START.value, seeds=seeds, campaign_dir=directory,
           select=_SELECT.value, backward=_BACKWARD.value,
           progress=_cli.Eta(len(_FREQUENCIES.value), prefixes=("runtime ",)))

@@ -14,7 +14,7 @@ Usage::
       --campaign_dir=runs/campaign_cnn --kut=native:matmul:acc_bf16
 
 Playback (default): the checkpoints of <campaign_dir>/golden (all saved but
-the last, or --steps) are played on --devices devices of each process;
+the last, or --checkpoints) are played on --devices devices of each process;
 with --num_processes > 1 every process joins jax.distributed at
 --coordinator (process 0's host:port), plays its share into
 <campaign_dir>/playback_shards/, and process 0 merges the shards into
@@ -27,8 +27,8 @@ Runtime (--mode=runtime): data-parallel runtime FI on this process's
 devices (batch split over them, KUT on every device's shard), records in
 <campaign_dir>/runtime_data_parallel.msgpack.
 
-The golden run must exist (peat-profile or peat-validate made it) and
---scenario, --batch_size, --overrides and --seed must match it.
+The golden run must exist (peat-golden, peat-profile or peat-validate made
+it) and --scenario, --batch_size, --overrides and --seed must match it.
 """
 
 import os
@@ -65,19 +65,21 @@ _PROCESS_ID = flags.DEFINE_integer(
 _SELECT = flags.DEFINE_string(
     "select", None, "fnmatch pattern narrowing the KUT's sites.",
     flag_values=FLAGS)
-_STEPS = flags.DEFINE_list(
-    "steps", None, "Playback: checkpoint steps; default all saved but the "
-    "last.", flag_values=FLAGS)
+_CHECKPOINTS = flags.DEFINE_list(
+    "checkpoints", None, "Playback: checkpoint steps to play back, e.g. "
+    "0,10; default all saved but the last.", flag_values=FLAGS)
 _FREQUENCIES = flags.DEFINE_list(
     "frequencies", ["every", "every_4", "fraction_0.25"],
     "Runtime: every, every_<n>, fraction_<p>.", flag_values=FLAGS)
 _RUNTIME_STEPS = flags.DEFINE_integer(
-    "runtime_steps", 40, "Runtime: steps per run.", flag_values=FLAGS)
+    "runtime_steps", 40, "Runtime: runtime FI steps per frequency.",
+    flag_values=FLAGS)
 _START_STEP = flags.DEFINE_integer(
     "start_step", 0, "Runtime: golden checkpoint to start from.",
     flag_values=FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS)
+_cli.define_renamed_flags(FLAGS, steps=_cli.CHECKPOINTS_RENAMED)
 
 
 def _task(directory: str):
@@ -99,7 +101,7 @@ def _playback(task, directory: str, steps, kut) -> None:
     print(tag + line, flush=True)
 
   result = peat.sharded_playback(
-      task, os.path.join(directory, "golden"), kut,
+      task, os.path.join(directory, peat.profiler.GOLDEN_DIR), kut,
       devices=_DEVICES.value, campaign_dir=directory, steps=steps,
       select=_SELECT.value, progress=say, backward=_BACKWARD.value)
   if me != 0:
@@ -122,7 +124,7 @@ def _playback(task, directory: str, steps, kut) -> None:
 
 def _runtime(task, directory: str, kut) -> None:
   result = peat.data_parallel_runtime(
-      task, os.path.join(directory, "golden"), kut,
+      task, os.path.join(directory, peat.profiler.GOLDEN_DIR), kut,
       devices=_DEVICES.value, frequencies=tuple(_FREQUENCIES.value),
       steps=_RUNTIME_STEPS.value, start_step=_START_STEP.value,
       campaign_dir=directory, select=_SELECT.value, progress=print)
@@ -143,8 +145,8 @@ def main(argv: list[str]) -> int:
   if _cli.stray(argv) is not None:
     return 2
   try:
-    directory, steps = _cli.campaign_dir_and_steps(_CAMPAIGN_DIR.value,
-                                                   _STEPS.value)
+    directory, steps = _cli.campaign_dir_and_checkpoints(
+        _CAMPAIGN_DIR.value, _CHECKPOINTS.value)
   except _cli.UsageError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -2,10 +2,12 @@ r"""Lists the kernel sites of a reference model's train step.
 
 Usage::
 
-  python -m peat_jax.tools.sites --model=gpt
-  python -m peat_jax.tools.sites --model=vit --counts
-  python -m peat_jax.tools.sites --model=cnn --kernel=conv_general_dilated --phase=bwd
-  python -m peat_jax.tools.sites --model=gpt --pattern='fwd/*/attention:*' --names
+  python -m peat_jax.tools.sites --scenario=gpt
+  python -m peat_jax.tools.sites --scenario=vit --counts
+  python -m peat_jax.tools.sites --scenario=cnn \
+      --kernel=conv_general_dilated --phase=bwd
+  python -m peat_jax.tools.sites --scenario=gpt \
+      --select='fwd/*/attention:*' --names
 
   python -m peat_jax.tools.sites --task=my_model:task   # your own model
 
@@ -30,20 +32,29 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 import peat_jax as peat
 from peat_jax import models
 
-_MODEL = flags.DEFINE_string(
-    "model", models.DEFAULT_SCENARIO,
-    f"Scenario whose train step is listed, one of {models.scenario_names()}.", flag_values=FLAGS)
+_SCENARIO = flags.DEFINE_string(
+    "scenario", models.DEFAULT_SCENARIO,
+    f"Scenario whose train step is listed, one of {models.scenario_names()}.",
+    flag_values=FLAGS)
 _OVERRIDES = flags.DEFINE_string(
     "overrides", "{}",
     'Config overrides as JSON, e.g. \'{"batch_size": 8, "model_kwargs": {"depth": 1}}\'.', flag_values=FLAGS)
 _KERNEL = flags.DEFINE_list("kernel", None, "Only these kernels (e.g. dot_general,softmax).", flag_values=FLAGS)
 _PHASE = flags.DEFINE_list("phase", None, "Only these phases: fwd, bwd, upd.", flag_values=FLAGS)
-_PATTERN = flags.DEFINE_string("pattern", None, "Only site names matching this fnmatch glob.", flag_values=FLAGS)
+_SELECT = flags.DEFINE_string(
+    "select", None, "fnmatch pattern narrowing the sites (over site names, "
+    "e.g. 'fwd/*/attention:*').", flag_values=FLAGS)
 _COUNTS = flags.DEFINE_bool("counts", False, "Print site counts per kernel and phase only.", flag_values=FLAGS)
 _NAMES = flags.DEFINE_bool("names", False, "Print site names only, one per line.", flag_values=FLAGS)
 _TASK = _cli.define_task_flag(FLAGS)
 _STRUCTURAL = flags.DEFINE_bool(
     "structural", False, "Also list data-movement primitives (reshape, broadcast, ...).", flag_values=FLAGS)
+_cli.define_renamed_flags(
+    FLAGS,
+    model=("scenario", "the scenario whose train step is listed, as in the "
+           "other tools"),
+    pattern=("select", "the fnmatch pattern narrowing the sites, as in the "
+             "other tools"))
 
 
 def list_sites(model: "str | peat.TrainTask", overrides: dict | None = None, *,
@@ -86,10 +97,12 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 2
   try:
-    _cli.check_task_flags(_TASK, _MODEL, _OVERRIDES)
-    model = _cli.user_task(_TASK.value).build() if _TASK.value else _MODEL.value
-    sites = list_sites(model, overrides, kernel=_KERNEL.value, phase=_PHASE.value,
-                       pattern=_PATTERN.value, include_structural=_STRUCTURAL.value)
+    _cli.check_task_flags(_TASK, _SCENARIO, _OVERRIDES)
+    model = (_cli.user_task(_TASK.value).build() if _TASK.value
+             else _SCENARIO.value)
+    sites = list_sites(model, overrides, kernel=_KERNEL.value,
+                       phase=_PHASE.value, pattern=_SELECT.value,
+                       include_structural=_STRUCTURAL.value)
   except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

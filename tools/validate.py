@@ -44,20 +44,15 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 import peat_jax as peat
 from peat_jax import models
 
-_SCENARIO = flags.DEFINE_string(
-    "scenario", models.DEFAULT_SCENARIO,
-    f"Training scenario, one of {models.scenario_names()}.", flag_values=FLAGS)
 _KUT = _cli.define_kut_flags(FLAGS)
-_TASK = _cli.define_task_flag(FLAGS)
+_TASK = _cli.define_task_flags(FLAGS)
 _FAIL_ON = _cli.define_fail_on(FLAGS)
 _CAMPAIGN_DIR = flags.DEFINE_string(
     "campaign_dir", None,
     "Campaign directory; default runs/campaign_<scenario or task>_<kut>.",
     flag_values=FLAGS)
-_STEPS = flags.DEFINE_integer(
-    "steps", 40, "Golden training steps (and runtime FI steps).", flag_values=FLAGS)
-_CHECKPOINT_EVERY = flags.DEFINE_integer(
-    "checkpoint_every", 10, "Checkpoint interval = playback points.", flag_values=FLAGS)
+_STEPS, _CHECKPOINT_EVERY = _cli.define_golden_steps_flags(
+    FLAGS, steps_note=" Also the runtime FI steps unless --runtime_steps.")
 _FREQUENCIES = flags.DEFINE_list(
     "frequencies", ["every", "every_4", "fraction_0.25"],
     "Runtime FI frequencies: every, every_<n>, fraction_<p>; empty to skip.", flag_values=FLAGS)
@@ -65,11 +60,6 @@ _RUNTIME_STEPS = flags.DEFINE_integer(
     "runtime_steps", None, "Runtime FI steps; default --steps.", flag_values=FLAGS)
 _SELECT = flags.DEFINE_string(
     "select", None, "fnmatch pattern narrowing the KUT's sites.", flag_values=FLAGS)
-_BATCH_SIZE = flags.DEFINE_integer(
-    "batch_size", None, "Override the scenario's batch size.", flag_values=FLAGS)
-_OVERRIDES = flags.DEFINE_string(
-    "overrides", None, "JSON dict of task config overrides.", flag_values=FLAGS)
-_SEED = flags.DEFINE_integer("seed", 0, "Golden seed.", flag_values=FLAGS)
 _ISOLATE = flags.DEFINE_enum(
     "isolate", "auto", ["auto", "on", "off"],
     "Run playback and runtime FI in worker processes with time and memory "
@@ -102,31 +92,34 @@ def main(argv: list[str]) -> int:
     return 2
   logging.set_verbosity(logging.WARNING)
   try:
-    _cli.check_task_flags(_TASK, _SCENARIO, _BATCH_SIZE, _OVERRIDES)
-    overrides = json.loads(_OVERRIDES.value) if _OVERRIDES.value else {}
+    _cli.check_task_flags(_TASK.user, _TASK.scenario, _TASK.batch_size,
+                          _TASK.overrides)
+    overrides = (json.loads(_TASK.overrides.value) if _TASK.overrides.value
+                 else {})
   except (_cli.UsageError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  if _BATCH_SIZE.value:
-    overrides["batch_size"] = _BATCH_SIZE.value
-  label = _safe(_TASK.value) if _TASK.value else _scenario()
+  if _TASK.batch_size.value:
+    overrides["batch_size"] = _TASK.batch_size.value
+  label = _safe(_TASK.user.value) if _TASK.user.value else _scenario()
   directory = os.path.abspath(_CAMPAIGN_DIR.value or os.path.join(
       "runs", f"campaign_{label}_{_safe(_KUT.kut.value)}"
       + ("_bwd" if _BACKWARD.value == "kut" else "")))
   try:
     spec = _KUT.spec()  # parsed once, before any work
-    if _TASK.value:  # the user's task: a recipe workers rebuild it from
-      factory = peat.TaskFactory.from_spec(_TASK.value)
+    if _TASK.user.value:  # the user's task: a recipe workers rebuild it from
+      factory = peat.TaskFactory.from_spec(_TASK.user.value)
     else:  # a recipe, not a task: isolated workers rebuild the task from it
       factory = models.prepare_task_factory(
-          _scenario(), os.path.join(directory, "task"), seed=_SEED.value,
+          _scenario(), os.path.join(directory, "task"), seed=_TASK.seed.value,
           progress=print, **overrides)
     paths = peat.validate(
         factory, spec, directory, steps=_STEPS.value,
         checkpoint_every=_CHECKPOINT_EVERY.value,
         frequencies=tuple(_FREQUENCIES.value),
         runtime_steps=_RUNTIME_STEPS.value, select=_SELECT.value,
-        seed=_SEED.value, scenario=None if _TASK.value else _scenario(),
+        seed=_TASK.seed.value,
+        scenario=None if _TASK.user.value else _scenario(),
         isolate={"auto": None, "on": True, "off": False}[_ISOLATE.value],
         timeout_s=_TIMEOUT_S.value, startup_s=_STARTUP_S.value,
         memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print,
@@ -141,7 +134,7 @@ def main(argv: list[str]) -> int:
 
 
 def _scenario() -> str:
-  return _SCENARIO.value
+  return _TASK.scenario.value
 
 
 def run() -> None:

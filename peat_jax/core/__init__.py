@@ -3,8 +3,8 @@
 Private modules: ``_errors`` (the exception types), ``_imports`` (the
 user's own modules named by KUT specs and tasks), ``_formats`` (unit
 roundoff, range and bit layout of every format: the one home of those
-facts) and ``_mappings`` (compiled code against the kernel's limit on a
-process's memory mappings). Everything else in peat_jax imports from here,
+facts), ``_mappings`` (compiled code against the kernel's limit on a
+process's memory mappings) and ``_version`` (peat_jax's version). Everything else in peat_jax imports from here,
 never the other way round.
 """
 
@@ -22,3 +22,4 @@ from peat_jax.core._imports import import_user_module as import_user_module
 from peat_jax.core._imports import user_function as user_function
 from peat_jax.core._mappings import mapping_use as mapping_use
 from peat_jax.core._mappings import release_compiled as release_compiled
+from peat_jax.core._version import VERSION as VERSION

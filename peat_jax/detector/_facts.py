@@ -45,7 +45,7 @@ NOISE_FLOOR_MULTIPLIER = 2.0
 #: standard way sit at up to 2x on one of them (torch's SDPA backward:
 #: 1.4-1.9x on eight seeds): a verdict on the kernel must not flip with
 #: the processor that measured its golden. Another correct order of a
-#: float32 sum was measured up to ~4x (analyzer._decompose).
+#: float32 sum was measured up to ~4x (analyzer.signature._decompose).
 BENIGN_NOISE_RATIO = 4.0
 #: With a reference, a KUT more than this many times the golden kernel's
 #: float64 RMS error is not "reordering" (a different order of a float32
@@ -161,7 +161,7 @@ class _Facts:
     self.noise_ratio = float(s["noise_ratio"]) if self.has_ref else math.nan
     self.larger = int(s["n_mag_larger"])
     self.smaller = int(s["n_mag_smaller"])
-    # The noise-aware decomposition (analyzer._decompose), when computed.
+    # The noise-aware decomposition (analyzer.signature._decompose), when computed.
     self.dec = bool(s.get("decomposed", False))
     if self.dec:
       self.n_out = int(s["n_out"])

@@ -4,7 +4,7 @@ A real port's own rounding moves most elements, so these rules never read
 "the elements that differ": they read the *outliers*, the elements beyond
 the rounding envelope of the signature's decomposition (calibrated on the
 golden kernel's own error and on the KUT's own dense error;
-``analyzer._decompose``), and, for faults that move every element, the
+``analyzer.signature._decompose``), and, for faults that move every element, the
 dense statistics that predict them in magnitude:
 
 * ``scale``: ``t - r = delta * r`` with one delta for every row, the fit's

@@ -13,7 +13,7 @@ Both read records of a whole campaign rather than one signature:
   :data:`TREND_FACTOR` from the first to the last checkpoint, and still
   does with any single step left out.
 * :func:`weights_verdict`: runtime FI moves the weights, measured in units
-  of a bf16-proxy run (``vs_bf16``, :mod:`peat_jax.profiler._significance`);
+  of a bf16-proxy run (``vs_bf16``, :mod:`peat_jax.profiler.runtime_fi._significance`);
   beyond :data:`BF16_PROXY_LIMIT` the KUT changes training more than
   training at bf16 precision does, which warns.
 """

@@ -26,6 +26,8 @@ from peat_jax.kernels.kut import register_kut as register_kut
 from peat_jax.kernels.kut import resolve_kut as resolve_kut
 from peat_jax.kernels.kut import register_source as register_source
 from peat_jax.kernels.kut import as_spec as as_spec
+from peat_jax.kernels.kut import CheckedSpec as CheckedSpec
+from peat_jax.kernels.kut import checked as checked
 from peat_jax.kernels._user import ADAPTED_KERNELS as ADAPTED_KERNELS
 from peat_jax.kernels._user import CONVENTIONS as CONVENTIONS
 from peat_jax.kernels._user import check_preferred as check_preferred

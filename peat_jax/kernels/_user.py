@@ -207,9 +207,6 @@ def user_callable(spec) -> Callable:
     module, function = spec.parts
     fn = _core.user_function(module, function, f"KUT spec {spec.spec!r}")
     return signature_checked(fn, spec.spec, spec.site_kernel)
-  if spec.source == "ffi":
-    from peat_jax.kernels import _user_ffi  # pylint: disable=g-import-not-at-top
-    return _user_ffi.ffi_kut(spec)
   resolver = _RESOLVERS.get(spec.source)
   if resolver is None:
     raise PeatError(f"KUT spec {spec.spec!r} runs through the PyTorch "

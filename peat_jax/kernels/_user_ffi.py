@@ -24,7 +24,7 @@ import numpy as np
 from peat_jax.core import PeatError
 from peat_jax.kernels import _ffi
 from peat_jax.kernels import _user
-from peat_jax.kernels import kut as _kut
+from peat_jax.kernels._adapters import batched_matmul_layout
 
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
            jnp.dtype(jnp.float16))
@@ -142,7 +142,7 @@ def _dot_general(lib: _Lib) -> Callable:
     del precision, out_sharding, unused
     dt = _floats(lib, lhs=lhs, rhs=rhs)
     _preferred(lib, dt, preferred_element_type)
-    lp, rp, (b, m, k, n), out_shape = _kut.batched_matmul_layout(
+    lp, rp, (b, m, k, n), out_shape = batched_matmul_layout(
         lhs.shape, rhs.shape, dimension_numbers)
     a = jnp.transpose(lhs, lp).reshape(b, m, k)
     w = jnp.transpose(rhs, rp).reshape(b, k, n)

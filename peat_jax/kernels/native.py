@@ -354,7 +354,7 @@ def broken(x: jax.Array, w: jax.Array, out: jax.ShapeDtypeStruct, *,
   SIGABRT, ``hang`` sleeps until killed, ``oom`` allocates until an
   allocation fails (or its ``PEAT_BROKEN_OOM_CAP_MB`` cap, default 2048) and
   then raises RESOURCE_EXHAUSTED. Run it only in a worker process
-  (``peat_jax.profiler._isolate``): in-process it takes the caller down with it.
+  (``peat_jax.profiler.isolation._isolate``): in-process it takes the caller down with it.
 
   Args:
     x: first operand (any dtype; only passed through).

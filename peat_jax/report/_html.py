@@ -103,6 +103,7 @@ from peat_jax.report._charts import esc, fmt
 from peat_jax.report._markup import chip as _chip
 from peat_jax.report._markup import note as _note
 from peat_jax.report._markup import table as _table
+from peat_jax import core as _core
 from peat_jax import detector as _detector
 from peat_jax.report._schema import (
     HTML_NAME, JSON_NAME, ReportPaths, _NUM, _plain, _validate)
@@ -509,8 +510,7 @@ def _section_settings(d: Mapping) -> str:
 def _version(d: Mapping) -> str:
   if d.get("peat_version"):
     return d["peat_version"]
-  import peat_jax  # pylint: disable=import-outside-toplevel
-  return getattr(peat_jax, "__version__", "unknown")
+  return _core.VERSION
 
 
 def render_html(data: Mapping, *, json_name: str = JSON_NAME,

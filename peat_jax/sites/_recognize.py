@@ -41,7 +41,7 @@ import functools
 import inspect
 import sys
 import threading
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

@@ -112,14 +112,15 @@ def assert_kernel_trains(kut, *, kernel: str | None = None, task,
   if fail_on not in _detector.FAIL_ON:
     raise PeatError(f"fail_on must be one of {', '.join(_detector.FAIL_ON)};"
                     f" got {fail_on!r}")
-  spec = _kernels.as_spec(kut, kernel)
+  spec = _kernels.checked(kut, validate_kwargs.get("backward", "golden"),
+                          kernel)
   directory = os.fspath(campaign_dir) if campaign_dir is not None else (
       tempfile.mkdtemp(prefix="peat_kernel_trains_"))
   paths = _profiler.validate(
       _task(task), spec, directory, steps=steps,
       checkpoint_every=checkpoint_every, frequencies=tuple(frequencies),
       select=select, seed=seed, progress=progress, **validate_kwargs)
-  results = _profiler.read_campaign(paths.directory, kut=spec.spec)
+  results = _profiler.read_campaign(paths.directory, kut=spec.name)
   if _detector.reaches(results.verdict.verdict, fail_on):
     raise KernelTrainingError(_message(results, fail_on, paths.html),
                               results, paths.html)

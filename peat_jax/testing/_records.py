@@ -5,7 +5,7 @@ golden kernel differently: another processor's vector paths change the low
 bits of XLA's dots and transcendental functions. Records made on one
 machine and read on another therefore agree exactly only in what does not
 depend on those bits. Measured between two x86-64 CPUs (an Intel one that
-made tests/profiler/records_fixture and an AMD EPYC), on records of
+made tests/profiler/playback_fi/records_fixture and an AMD EPYC), on records of
 bf16-level kernels under test: models, verdicts, structure and element
 counts equal; the KUT's error statistics within 6%; golden's own distance
 to float64 (the noise floor, and all that is scaled by it) up to 1.9x apart;

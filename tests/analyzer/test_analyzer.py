@@ -1,4 +1,4 @@
-"""Tests of the Analyzer (peat_jax.analyzer._signature): signatures vs float64 NumPy."""
+"""Tests of the Analyzer (peat_jax.analyzer.signature._signature): signatures vs float64 NumPy."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from peat_jax import analyzer
-from peat_jax.analyzer import _api as api
-from peat_jax.analyzer import _bits as bits
+from peat_jax.analyzer.signature import _api as api
+from peat_jax.analyzer.signature import _bits as bits
 from peat_jax.core import PeatError
 from peat_jax.analyzer import reference_matmul
 

@@ -29,11 +29,11 @@ import numpy as np
 import pytest
 
 from peat_jax import analyzer
-from peat_jax.analyzer import _api as api
-from peat_jax.analyzer import _bits as bits
-from peat_jax.analyzer import _checks as checks
-from peat_jax.analyzer import _native as native_pass
-from peat_jax.analyzer import _signature as signature
+from peat_jax.analyzer.signature import _api as api
+from peat_jax.analyzer.signature import _bits as bits
+from peat_jax.analyzer.signature import _checks as checks
+from peat_jax.analyzer.signature import _native as native_pass
+from peat_jax.analyzer.signature import _signature as signature
 from peat_jax.kernels import _ffi
 
 DTYPES = {
@@ -104,7 +104,7 @@ def _states(t, g, ref):
   with _x64(t.dtype):
     hi = lo = None
     if ref is not None:
-      hi, lo = checks._split_reference(ref, t.shape, batched=False)
+      hi, lo = checks.split_reference(ref, t.shape, batched=False)
     native = jax.jit(native_pass._accumulate_native)(t, g, hi, lo)
     hb = None if hi is None else api._bits_jit(jnp.asarray(hi))
     pure = api._accumulate_bits_jit(api._bits_jit(jnp.asarray(t)),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from peat_jax import analyzer
-from peat_jax.analyzer import _select
+from peat_jax.analyzer.signature import _select
 from peat_jax.injectors import round_nearest
 from peat_jax import core
 

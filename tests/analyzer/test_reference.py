@@ -1,4 +1,4 @@
-"""Tests of the float64 references (peat_jax.analyzer._references)."""
+"""Tests of the float64 references (peat_jax.analyzer.references._references)."""
 
 import math
 

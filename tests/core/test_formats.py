@@ -9,7 +9,7 @@ import pytest
 
 from peat_jax import core
 from peat_jax import detector
-from peat_jax.analyzer import _bits
+from peat_jax.analyzer.signature import _bits
 from peat_jax.injectors import _rounding
 from peat_jax.kernels import native
 

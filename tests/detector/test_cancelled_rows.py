@@ -4,7 +4,7 @@ With one visible key the softmax backward's dS row is exactly 0 and so is
 golden's dQ row; another correct kernel (torch's SDPA backward computes
 ``D = rowsum(dO * O)`` instead of ``rowsum(P * dP)``) leaves residues of
 the size of the tensor's rounding there. The decomposition must judge those
-rows by the tensor's size (analyzer._decompose.CANCELLED_ROW), and still
+rows by the tensor's size (analyzer.signature._decompose.CANCELLED_ROW), and still
 see a real value written into them.
 """
 

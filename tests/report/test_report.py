@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from peat_jax import detector
-from peat_jax.profiler import _significance
+from peat_jax.profiler.runtime_fi import _significance
 from peat_jax.profiler import weight_distances
 from peat_jax.report import _charts as _svg
 from peat_jax.core import PeatError

@@ -25,11 +25,11 @@ def campaign(profiled, tmp_path):
 
 
 @pytest.mark.slow  # the tool's playback of every backward site (~20 s);
-# the library path runs in CI (tests/profiler/test_playback_backward.py)
+# the library path runs in CI (tests/profiler/playback_fi/test_playback_backward.py)
 def test_playback_tool_records_and_summarizes_backward_sites(campaign, cli):
   d = campaign
   rc, out, err = cli.run(playback, [f"--campaign_dir={d}", f"--kut={cli.kut}",
-                                    "--steps=0", "--backward=kut"])
+                                    "--checkpoints=0", "--backward=kut"])
   assert rc == 0, err
   lines = out.splitlines()
   assert lines[0].startswith("playback step 0: 2 sites (1 fwd, 1 bwd), worst "
@@ -44,7 +44,7 @@ def test_playback_tool_records_and_summarizes_backward_sites(campaign, cli):
   # The forward-only question, asked again in the same directory, is
   # another set of records.
   rc, out, err = cli.run(playback, [f"--campaign_dir={d}", f"--kut={cli.kut}",
-                                    "--steps=0"])
+                                    "--checkpoints=0"])
   assert rc == 0, err
   assert BWD not in out and "backward: kut" not in out
   # The report tool reads either set (default: golden, as both are there).
@@ -58,7 +58,7 @@ def test_playback_tool_records_and_summarizes_backward_sites(campaign, cli):
 def test_runtime_and_scaleout_tools_take_the_flag(campaign, cli):
   d = campaign
   rc, out, err = cli.run(runtime, [
-      f"--campaign_dir={d}", f"--kut={cli.kut}", "--steps=2",
+      f"--campaign_dir={d}", f"--kut={cli.kut}", "--runtime_steps=2",
       "--frequencies=every", "--seeds=1", "--backward=kut"])
   assert rc == 0, err
   lines = out.splitlines()
@@ -68,7 +68,7 @@ def test_runtime_and_scaleout_tools_take_the_flag(campaign, cli):
             if r.get("backward") == "kut"]
   assert tagged == ["golden", "spread", "bf16", "every"]
   rc, out, err = cli.run(scaleout, [
-      f"--campaign_dir={d}", f"--kut={cli.kut}", "--steps=2",
+      f"--campaign_dir={d}", f"--kut={cli.kut}", "--checkpoints=2",
       "--backward=kut", "--devices=1"])
   assert rc == 0, err
   assert "2 sites (1 fwd, 1 bwd)" in out and BWD in out

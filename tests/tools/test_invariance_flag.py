@@ -13,7 +13,7 @@ def test_playback_tool_probes_the_sites(profiled, cli, tmp_path):
   campaign = tmp_path / "campaign"  # a copy: the other tests read theirs
   shutil.copytree(profiled[0], campaign)
   rc, out, err = cli.run(playback, [f"--campaign_dir={campaign}",
-                                    f"--kut={cli.kut}", "--steps=0",
+                                    f"--kut={cli.kut}", "--checkpoints=0",
                                     "--invariance"])
   assert rc == 0, err
   recs = [r for r in profiler.read_records(campaign / "playback.msgpack")

@@ -22,7 +22,7 @@ def test_ops_playback_prints_eta_summary_and_verdict(ops_played, cli):
 def test_model_playback_over_checkpoints(profiled, cli):
   d, _ = profiled
   rc, out, err = cli.run(playback, [f"--campaign_dir={d}", f"--kut={cli.kut}",
-                                    "--steps=0"])
+                                    "--checkpoints=0"])
   assert rc == 0, err
   assert out.startswith("playback step 0: 1 sites, worst precision:bf16")
   assert "[1/1," in out.splitlines()[0]
@@ -38,7 +38,8 @@ def test_model_playback_over_checkpoints(profiled, cli):
     (["--campaign_dir={d}", "--ops", "--kut=native:softmax:default"],
      "no such record was captured"),
     (["--campaign_dir={d}", "--kut=native:nope:x"], "unknown KUT spec"),
-    (["--campaign_dir={d}", "--steps=x"], "--steps must be integers"),
+    (["--campaign_dir={d}", "--checkpoints=x"],
+     "--checkpoints must be integers"),
 ])
 def test_bad_input_exits_2_with_message(profiled, cli, argv, message):
   d, _ = profiled
@@ -53,6 +54,6 @@ def test_helpfull_explains_the_tool(capsys):
   assert e.value.code == 0
   out = capsys.readouterr().out
   assert "Op-level playback (--ops)" in out and "no model" in out
-  for flag in ("--campaign_dir", "--kut", "--ops", "--select", "--steps",
-               "--phase", "--scenario"):
+  for flag in ("--campaign_dir", "--kut", "--ops", "--select",
+               "--checkpoints", "--phase", "--scenario"):
     assert flag in out

@@ -10,7 +10,7 @@ from peat_jax.tools import runtime
 def test_runtime_sweep_prints_eta_and_table(profiled, cli):
   d, _ = profiled
   rc, out, err = cli.run(runtime, [
-      f"--campaign_dir={d}", f"--kut={cli.kut}", "--steps=3",
+      f"--campaign_dir={d}", f"--kut={cli.kut}", "--runtime_steps=3",
       "--frequencies=every,every_2", "--seeds=1"])
   assert rc == 0, err
   lines = out.splitlines()
@@ -48,6 +48,6 @@ def test_helpfull_explains_the_tool(capsys):
   assert e.value.code == 0
   out = capsys.readouterr().out
   assert "fraction_<p>" in out and "seed-to-seed spread" in out
-  for flag in ("--campaign_dir", "--kut", "--frequencies", "--steps",
+  for flag in ("--campaign_dir", "--kut", "--frequencies", "--runtime_steps",
                "--start_step", "--seeds", "--select"):
     assert flag in out

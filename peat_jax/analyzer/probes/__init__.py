@@ -1,0 +1,15 @@
+"""Probes and views beyond one signature.
+
+Private modules: ``_ports`` (the port probe: another constant, form or
+input precision of the same kernel), ``_invariance`` (mutated inputs, an
+earlier call's values, ignored inputs, batch variance) and ``_ratios`` (the
+per-metric ratio view: KUT over golden error).
+"""
+
+from peat_jax.analyzer.probes._invariance import invariance_probe as invariance_probe
+from peat_jax.analyzer.probes._ports import needs_probe as needs_probe
+from peat_jax.analyzer.probes._ports import port_probe as port_probe
+from peat_jax.analyzer.probes._ports import probe_formats as probe_formats
+from peat_jax.analyzer.probes._ports import probe_signatures as probe_signatures
+from peat_jax.analyzer.probes._ratios import RATIO_METRICS as RATIO_METRICS
+from peat_jax.analyzer.probes._ratios import metric_ratios as metric_ratios

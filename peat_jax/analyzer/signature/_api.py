@@ -1,0 +1,421 @@
+"""The Analyzer's entry points: analyze, analyze_batch, the streaming form.
+
+Each is a jit-compiled executable over the statistics pass (native on CPU,
+pure JAX elsewhere: `_accumulate_auto`) and the finalization."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from peat_jax.core import PeatError
+from peat_jax.analyzer.signature._checks import (
+    _check_dtype, _check_pair, split_reference)
+from peat_jax.analyzer.signature._bits import _from_bits, _uint
+from peat_jax.analyzer.signature._native import _accumulate_native
+from peat_jax.analyzer.signature._decompose import decompose
+from peat_jax.analyzer.signature._finalize import _finalize
+from peat_jax.analyzer.signature._pass import (
+    _accumulate, _accumulate_bits, _merge, _view2d)
+from peat_jax.analyzer.signature._signature import (
+    Array, Signature, SignatureState, _bits_of)
+
+
+# --------------------------------------------------------------------------
+# Jitted entry points.
+# --------------------------------------------------------------------------
+
+
+def _accumulate_auto(t: Array, g: Array, ref_hi: Array | None,
+                     ref_lo: Array | None) -> SignatureState:
+  """The statistics pass for the platform the computation is compiled for.
+
+  `lax.platform_dependent`: on CPU the native pass (`_accumulate_native`),
+  on every other platform the pure-JAX pass (`_accumulate`). The choice is
+  made when lowering, by platform only: a failing native call raises, it
+  never falls back.
+  """
+  if ref_hi is None:
+    return lax.platform_dependent(
+        t, g, cpu=lambda a, b: _accumulate_native(a, b, None, None),
+        default=lambda a, b: _accumulate(a, b, None, None))
+  return lax.platform_dependent(t, g, ref_hi, ref_lo, cpu=_accumulate_native,
+                                default=_accumulate)
+
+
+def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
+                   ref_lo: Array | None = None) -> Signature:
+  """Pure, traceable form of `analyze` (no validation; use inside jit).
+
+  On CPU the statistics pass is the native kernel, elsewhere pure JAX
+  (`_accumulate_auto`).
+
+  Args:
+    t: test record (validated dtype and shape; see `analyze`).
+    g: golden record.
+    ref_hi: optional float32 high part of the float64 reference.
+    ref_lo: optional float32 low part (reference = ref_hi + ref_lo).
+
+  Returns:
+    The `Signature`.
+  """
+  state = _accumulate_auto(t, g, ref_hi, ref_lo)
+  if ref_hi is None:
+    return _finalize(state)
+  return _finalize(state, decompose(t, g, ref_hi, ref_lo))
+
+
+# `analyze`: the statistics pass and the finalization in one executable
+# (the state's ~55 arrays are never materialized: less per-call overhead).
+_analyze_jit = jax.jit(
+    lambda t, g: _finalize(_accumulate_auto(t, g, None, None)))
+_analyze_ref_jit = jax.jit(
+    lambda t, g, hi, lo: _finalize(_accumulate_auto(t, g, hi, lo),
+                                   decompose(t, g, hi, lo)))
+_analyze_many_jit = jax.jit(lambda ts, gs, his, los: [
+    _finalize(_accumulate_auto(t, g, hi, lo), decompose(t, g, hi, lo))
+    for t, g, hi, lo in zip(ts, gs, his, los)])
+_analyze_many_packed_jit = jax.jit(
+    lambda ts, gs, his, los: _pack(_analyze_many_jit(ts, gs, his, los)))
+_PACK_LAYOUTS: dict = {}  # record shapes/dtypes -> _unpack_plan
+# The streaming form: the pass and the finalization separately.
+_accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
+_accumulate_ref_jit = jax.jit(_accumulate_auto)
+_finalize_jit = jax.jit(_finalize)
+_merge_jit = jax.jit(_merge)
+# The pure-JAX pass on bit patterns made by a separate executable (see
+# `_accumulate_bits`): the batched form on every platform, and the
+# reference the native pass is tested against.
+_bits_jit = jax.jit(lambda x: lax.bitcast_convert_type(x, _uint(x.dtype)))
+_accumulate_bits_jit = jax.jit(_accumulate_bits, static_argnames="dtype")
+_batch_accumulate_jit = jax.jit(
+    lambda ut, ug, dtype: jax.vmap(
+        lambda a, b: _accumulate_bits(a, b, None, None, dtype))(ut, ug),
+    static_argnames="dtype")
+_batch_accumulate_ref_jit = jax.jit(
+    lambda ut, ug, hi, lo, dtype: jax.vmap(
+        lambda a, b, c, d: _accumulate_bits(a, b, c, d, dtype))(ut, ug, hi,
+                                                                lo),
+    static_argnames="dtype")
+_batch_finalize_jit = jax.jit(jax.vmap(_finalize))
+_batch_finalize_dec_jit = jax.jit(jax.vmap(_finalize))
+_batch_decompose_jit = jax.jit(
+    lambda ut, ug, hi, lo, dtype: jax.vmap(
+        lambda a, b, c, d: decompose(
+            _from_bits(a, dtype), _from_bits(b, dtype),
+            lax.bitcast_convert_type(c, jnp.float32), d))(ut, ug, hi, lo),
+    static_argnames="dtype")
+
+
+def _x64_scope(dtype):
+  """float64 records need x64 inside the trace (scoped, not global)."""
+  if np.dtype(dtype) == np.float64:
+    return jax.enable_x64(True)
+  return _Null()
+
+
+class _Null:
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *a):
+    return False
+
+
+def _as_array(x, dtype):
+  if isinstance(x, jax.Array):
+    return x
+  return jnp.asarray(np.asarray(x), dtype=dtype)
+
+
+def analyze(test, golden, reference=None) -> Signature:
+  """Signature of the pseudo-error `test - golden` at one site and step.
+
+  One jit-compiled executable: the statistics pass computes every
+  statistic (on CPU the native kernel, elsewhere pure JAX; see
+  docs/signature.md) and a small finalization (O(rows + columns) work)
+  derives the fields. A second call with the same shape and dtype reuses
+  it.
+
+  Args:
+    test: output of the kernel under test (float32, bfloat16, float16 or
+      float64 array, any shape with at least one element).
+    golden: output of the golden kernel on identical inputs; same shape and
+      dtype as `test`.
+    reference: optional float64 (or any float) array of the same shape: the
+      same operation computed in float64 (see `peat_jax.analyzer._references`). Adds
+      the noise-floor fields.
+
+  Returns:
+    A `Signature` of scalar/array fields (see its docstring and
+    docs/signature.md).
+
+  Raises:
+    PeatError: unsupported dtype, dtype or shape mismatch, empty arrays.
+
+  >>> import jax.numpy as jnp, peat_jax as peat
+  >>> g = jnp.linspace(1.0, 2.0, 64, dtype=jnp.float32)
+  >>> int(peat.analyze(g, g).n_bit_equal)
+  64
+  """
+  shape, dtype = _check_pair(test, golden, batched=False)
+  with _x64_scope(dtype):
+    t = _as_array(test, dtype)
+    g = _as_array(golden, dtype)
+    if reference is None:
+      return _analyze_jit(t, g)
+    hi, lo = split_reference(reference, shape, batched=False)
+    return _analyze_ref_jit(t, g, hi, lo)
+
+
+def split_on_device(reference: Array) -> tuple[Array, Array]:
+  """(hi, lo) float32 double-float of a float64 reference, traced.
+
+  The formulas of the host split in `analyze` (hi = float32(r), lo =
+  float32(r - hi), non-finite lo -> 0); trace it with x64 enabled.
+  """
+  hi = reference.astype(jnp.float32)
+  lo = (reference - hi.astype(reference.dtype)).astype(jnp.float32)
+  return hi, jnp.where(jnp.isfinite(lo), lo, jnp.float32(0))
+
+
+def analyze_split(test, golden, ref_hi: Array, ref_lo: Array) -> Signature:
+  """`analyze` with the reference given as its float32 (hi, lo) halves.
+
+  For references computed on the device (`split_on_device`): no float64
+  array comes to the host.
+
+  Args:
+    test: output of the kernel under test.
+    golden: output of the golden kernel, same shape and dtype.
+    ref_hi: float32 high half of the float64 reference, same shape.
+    ref_lo: float32 low half.
+
+  Returns:
+    The Signature, as `analyze(test, golden, hi + lo)`.
+
+  Raises:
+    PeatError: as `analyze`; halves of another shape or dtype.
+  """
+  return analyze_split_many([test], [golden], [ref_hi], [ref_lo])[0]
+
+
+def analyze_split_many(tests: Sequence, goldens: Sequence,
+                       ref_his: Sequence[Array], ref_los: Sequence[Array],
+                       *, to_host: bool = False) -> list[Signature]:
+  """`analyze_split` of many records (any shapes) in one executable.
+
+  One dispatch for all of them, and XLA may run their passes concurrently
+  (the playback of one checkpoint analyzes all its sites this way).
+
+  Args:
+    tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+    to_host: return NumPy Signatures, fetched as one array per dtype (a
+      few transfers instead of one per field of every record).
+
+  Returns:
+    The Signatures, in order (device arrays, or NumPy with ``to_host``).
+
+  Raises:
+    PeatError: as `analyze_split`, naming the record's index.
+  """
+  if not len(tests) == len(goldens) == len(ref_his) == len(ref_los):
+    raise PeatError("tests, goldens, ref_his and ref_los have lengths "
+                    f"{len(tests)}, {len(goldens)}, {len(ref_his)}, "
+                    f"{len(ref_los)}; expected one of each per record")
+  ts, gs, wide = [], [], False
+  for i, (t, g, hi, lo) in enumerate(zip(tests, goldens, ref_his, ref_los)):
+    shape, dtype = _check_pair(t, g, batched=False)
+    for name, h in (("ref_hi", hi), ("ref_lo", lo)):
+      if (tuple(np.shape(h)) != tuple(shape)
+          or np.dtype(h.dtype) != np.float32):
+        raise PeatError(
+            f"record {i}: {name} has shape {tuple(np.shape(h))} and dtype "
+            f"{h.dtype}; expected float32 of the test's shape "
+            f"{tuple(shape)}. Fix: split the float64 reference with "
+            "split_on_device.")
+    wide |= np.dtype(dtype) == np.float64
+    with _x64_scope(dtype):
+      ts.append(_as_array(t, dtype))
+      gs.append(_as_array(g, dtype))
+  his, los = list(ref_his), list(ref_los)
+  with _x64_scope(np.float64 if wide else np.float32):
+    if len(ts) == 1:
+      # One record: `analyze`'s executable, shared with every analyze of
+      # this shape and dtype (a many-record executable would be one more
+      # compilation, and one more set of code mappings kept, per shape).
+      sig = _analyze_ref_jit(ts[0], gs[0], his[0], los[0])
+      return [jax.device_get(sig) if to_host else sig]
+    if not to_host:
+      return list(_analyze_many_jit(ts, gs, his, los))
+    key = tuple((tuple(t.shape), str(t.dtype)) for t in ts)
+    if key not in _PACK_LAYOUTS:
+      _PACK_LAYOUTS[key] = _unpack_plan(
+          jax.eval_shape(_analyze_many_jit, ts, gs, his, los))
+    packed = jax.device_get(_analyze_many_packed_jit(ts, gs, his, los))
+  return _unpack(packed, _PACK_LAYOUTS[key])
+
+
+def _pack(sigs: list[Signature]) -> dict[str, Array]:
+  """All fields of many Signatures as one flat array per dtype (traced)."""
+  groups: dict[str, list[Array]] = {}
+  for sig in sigs:
+    for leaf in sig:
+      groups.setdefault(str(leaf.dtype), []).append(leaf.reshape(-1))
+  return {k: jnp.concatenate(v) for k, v in groups.items()}
+
+
+def _unpack_plan(layout: list[Signature]) -> list[list[tuple]]:
+  """Where each field of each Signature lies in `_pack`'s arrays:
+  ``(dtype key, start, stop, shape)`` per field, per Signature."""
+  offsets: dict[str, int] = {}
+  plan = []
+  for sig in layout:
+    fields = []
+    for leaf in sig:
+      k, n = str(leaf.dtype), int(math.prod(leaf.shape))
+      start = offsets.get(k, 0)
+      offsets[k] = start + n
+      fields.append((k, start, start + n, tuple(leaf.shape)))
+    plan.append(fields)
+  return plan
+
+
+def _unpack(packed: dict[str, np.ndarray], plan: list[list[tuple]]
+            ) -> list[Signature]:
+  """Inverse of `_pack` on the host, by an `_unpack_plan` (views, no
+  copies: a few hundred fields cost well under a millisecond)."""
+  return [Signature(*[packed[k][a:b].reshape(shape)
+                      for k, a, b, shape in fields]) for fields in plan]
+
+
+def analyze_batch(tests, goldens, references=None) -> Signature:
+  """Signatures of many records of one shape/dtype in one compiled call.
+
+  The pure-JAX pass, vmapped, on every platform (fed bit patterns from a
+  separate executable, see `_accumulate_bits`); its results agree with
+  `analyze` record by record (counts exactly, floats to summation order).
+
+  Args:
+    tests: array of shape (B, *record_shape): KUT outputs of B (site, step)
+      records.
+    goldens: golden outputs, same shape and dtype.
+    references: optional float64 array (B, *record_shape).
+
+  Returns:
+    A `Signature` whose every field has a leading axis of size B.
+
+  Raises:
+    PeatError: as `analyze`, or a missing batch axis.
+  """
+  shape, dtype = _check_pair(tests, goldens, batched=True)
+  with _x64_scope(dtype):
+    ut = _bits_jit(_as_array(tests, dtype))
+    ug = _bits_jit(_as_array(goldens, dtype))
+    if references is None:
+      return _batch_finalize_jit(_batch_accumulate_jit(ut, ug, dtype=dtype))
+    hi, lo = split_reference(references, shape, batched=True)
+    hib = jnp.asarray(hi.view(np.uint32))
+    return _batch_finalize_dec_jit(
+        _batch_accumulate_ref_jit(ut, ug, hib, lo, dtype=dtype),
+        _batch_decompose_jit(ut, ug, hib, lo, dtype=dtype))
+
+
+def signature_init(shape, dtype) -> SignatureState:
+  """Empty streaming state for records of `shape` and `dtype`.
+
+  Args:
+    shape: record shape (tuple of ints, at least one element).
+    dtype: record dtype (float32, bfloat16, float16, float64).
+
+  Returns:
+    The identity `SignatureState` (merging it changes nothing).
+
+  Raises:
+    PeatError: unsupported dtype or empty shape.
+  """
+  dtype = _check_dtype(dtype, "dtype")
+  shape = tuple(int(s) for s in shape)
+  if math.prod(shape) == 0:
+    raise PeatError(f"record shape {shape} has no elements; expected at "
+                    "least 1. Fix: skip sites whose output is empty.")
+  with _x64_scope(dtype):
+    z = jnp.zeros(shape, dtype)
+    proto = jax.eval_shape(
+        lambda a, b: _accumulate(a, b, None, None), z, z)
+    state = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), proto)
+    cdt = state.row_abs_max.dtype
+    state = state._replace(
+        steps=jnp.int32(0), n=jnp.int32(0),
+        ratio_min=jnp.asarray(jnp.inf, cdt),
+        ratio_max=jnp.asarray(-jnp.inf, cdt))
+  return state
+
+
+def signature_update(state: SignatureState, test, golden,
+                     reference=None) -> SignatureState:
+  """Merges one record (site, step) into a streaming state.
+
+  Pure: returns a new state; jit-compiled once per shape and dtype.
+
+  Args:
+    state: from `signature_init` or a previous `signature_update`.
+    test: KUT output of this step.
+    golden: golden output of this step.
+    reference: optional float64 reference of this step.
+
+  Returns:
+    The updated `SignatureState`.
+
+  Raises:
+    PeatError: shape or dtype differ from the state's.
+  """
+  shape, dtype = _check_pair(test, golden, batched=False)
+  rows, cols = _view2d(shape)
+  have = (state.row_ndiff.shape[0], state.col_ndiff.shape[0])
+  if have != (rows, cols):
+    raise PeatError(
+        f"record shape {shape} (2-D view {(rows, cols)}) does not match the "
+        f"state's 2-D view {have}. Fix: keep one state per site (records of "
+        "one shape).")
+  if _bits_of(dtype) != state.bits_up.shape[0]:
+    raise PeatError(
+        f"record dtype {dtype} has {_bits_of(dtype)} bits; the state was made"
+        f" for {state.bits_up.shape[0]}-bit records. Fix: keep one state per "
+        "site and dtype.")
+  with _x64_scope(dtype):
+    t = _as_array(test, dtype)
+    g = _as_array(golden, dtype)
+    if reference is None:
+      return _merge_jit(state, _accumulate_jit(t, g))
+    hi, lo = split_reference(reference, shape, batched=False)
+    return _merge_jit(state, _accumulate_ref_jit(t, g, hi, lo))
+
+
+def signature_finalize(state: SignatureState) -> Signature:
+  """Signature of everything merged into `state`.
+
+  Counts and histograms are totals over the merged records; means, RMS and
+  shares are over all merged elements. Per-row/column means are per record.
+
+  Args:
+    state: a `SignatureState` with at least one update.
+
+  Returns:
+    A `Signature`.
+
+  Raises:
+    PeatError: if the state holds no record.
+  """
+  if int(state.steps) == 0:
+    raise PeatError("signature_finalize: the state holds no record "
+                    "(steps == 0); expected at least one signature_update. "
+                    "Fix: update before finalizing.")
+  with _x64_scope(state.row_abs_max.dtype):
+    return _finalize_jit(state)

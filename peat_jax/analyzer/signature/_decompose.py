@@ -1,0 +1,517 @@
+"""Noise-aware decomposition of a pseudo-error: outliers over a rounding envelope.
+
+A real port is never otherwise exact: its own summation order moves most
+elements by an ulp or two, so "the elements that differ" are not the fault.
+With the float64 reference ``r`` this pass splits the KUT's error
+``|t - r|`` into the part that rounding at working precision explains and
+the *outliers* beyond it:
+
+* every element's error is measured in units of ``u * scale``, with ``u``
+  the unit roundoff of the record's format and ``scale = |r| + rms_row(r)``
+  (a row's RMS stands in for the size of the terms that were summed: the
+  rounding error of an output near zero, where terms cancel, is not small
+  relative to the row; a row that cancels whole, its reference at most
+  ``CANCELLED_ROW`` of the tensor's RMS, takes the tensor's RMS). ``z_t = |t - r| / (u scale)`` and
+  ``z_g = |g - r| / (u scale)``;
+* the envelope is calibrated on the golden kernel itself: a different,
+  correct summation order has errors of the golden kernel's own size, a
+  small multiple of it on long one-after-another sums (measured up to about
+  4x on the models here), so ``theta = ENVELOPE_FACTOR * max(z_g,
+  ENVELOPE_MIN_Z)`` and an element is an outlier when ``z_t > theta`` (or
+  t is not finite where g is);
+* the sparse and structured fault statistics are taken on the outliers
+  only: their count, zeros, lanes, rows, columns, aligned tiles, XOR bit
+  positions against golden, and whether flipping one (or two) bits of ``t``
+  brings the element back inside the envelope; shifted/transposed golden
+  values within the envelope (values in the wrong place, beyond rounding);
+* the dense part: per-row least-squares scale ``delta_row`` of ``t - r``
+  on ``r`` and its residual (a constant of the computation that differs,
+  such as a normalization epsilon, scales each row by its own constant),
+  and how much of the error a function of the value alone explains
+  (another closed form of the same function: an approximation).
+
+Without a reference the golden output stands in for ``r`` (``z_g = 0``)
+and the envelope is ``NO_REFERENCE_Z`` units: less sharp (the golden
+kernel's own noise is counted as the KUT's), documented in
+docs/signature.md.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from peat_jax import core as _core
+from peat_jax.analyzer.signature._bits import _from_bits, _sample_index, _uint
+from peat_jax.analyzer.signature._pass import _view2d
+from peat_jax.analyzer.signature._prefix import cumsum_small, first_true
+from peat_jax.analyzer.signature._signature import (
+    Array, LANES, SHIFT_RANGE, SHIFT_SAMPLE_ROWS, SHIFT_WINDOW, TILE_SIZES)
+
+#: The envelope is this many times the golden kernel's largest normalized
+#: error (another correct order of a float32 sum: up to ~4x, measured).
+ENVELOPE_FACTOR = 16.0
+#: ... and at least this many units (an exact golden kernel, z_g = 0).
+ENVELOPE_MIN_Z = 4.0
+#: The envelope without a reference (the golden output as the reference).
+NO_REFERENCE_Z = 256.0
+#: Outliers are also beyond this many times the KUT's median error (its own
+#: dense rounding: rounding to nearest is bounded by 2x its median).
+DENSE_FACTOR = 16.0
+#: A row whose reference RMS is at most this share of the tensor's (exactly
+#: zero rows, or float64 residues of an exact cancellation, such as the
+#: first query's dQ in causal attention: one visible key, dS = 0) has no
+#: size of its own: its terms are the tensor's, and the tensor's RMS stands
+#: in for its row RMS (float32's unit roundoff: below it a row is rounding
+#: residue at any working precision).
+CANCELLED_ROW = 2.0 ** -24
+#: Bins of the value (sign and quarter octaves of |r| / rms) for the
+#: "error is a function of the value" statistic.
+VALUE_BINS = 128
+#: The small-value threshold of the ratio view, by record format: values
+#: below it are judged by absolute error (above SMALL_VALUE / 16).
+SMALL_VALUE = {"fp32": 1e-6, "fp64": 1e-6, "bf16": 1e-3, "fp16": 1e-3}
+#: The ratio view's ulp limit: 32 ulps for 32/64-bit formats, 1 for 16-bit.
+ULP_LIMIT = {"fp32": 32, "fp64": 32, "bf16": 1, "fp16": 1}
+#: Bit histograms and the permutation test read at most this many outliers.
+MATCH_OUTLIERS = 4096
+
+
+class Decomposition(NamedTuple):
+  """The decomposition fields of a Signature (docs/signature.md).
+
+  Shapes: ``R`` rows, ``C`` columns of the 2-D view, ``nbits`` the record
+  dtype's width; tiles as in the Signature (8, 16, 32).
+  """
+
+  decomposed: Array  # bool: computed for this record
+  env_theta: Array  # f32: the outlier envelope in units of u * scale
+  env_theta_golden: Array  # f32: the golden envelope (16 max(z_g, 4))
+  env_golden_z: Array  # f32: max z_g (0 without a reference)
+  z_med_test: Array  # f32: median z_t (sample)
+  z_med_golden: Array  # f32: median z_g (sample)
+  z_max_test: Array  # f32: max z_t over finite pairs
+  n_beyond: Array  # int32: elements beyond the golden envelope
+  n_out: Array  # int32: outliers (finite pairs beyond theta, new non-finite)
+  n_out_zero: Array  # int32: outliers with t == +-0
+  n_out_flip1: Array  # int32: outliers back in the envelope by one bit flip
+  n_out_flip2: Array  # int32: ... by two bit flips (not one)
+  n_out_moved: Array  # int32: outliers whose sorted values equal their
+  #   sorted references within the envelope (a permutation among them)
+  n_out_matched: Array  # int32: outliers compared so (all, when <= 4096)
+  out_flip_bits: Array  # int32[nbits]: the bit of each one-flip outlier
+  out_flip_up: Array  # int32[nbits]: ... where that bit is 1 in t
+  out_bits_xor: Array  # int32[nbits]: XOR bit positions t vs g of outliers
+  out_lane: Array  # int32[32]: outliers by column index mod 32
+  out_rows: Array  # int32[R]: outliers per row
+  out_cols: Array  # int32[C]: outliers per column
+  out_tiles_any: Array  # int32[3]: aligned tiles with an outlier
+  out_tiles_all: Array  # int32[3]: aligned tiles all outliers
+  out_shift_col: Array  # f32[17]: share of sampled elements beyond the
+  #   golden envelope within it of g shifted by s columns (s = -8..8)
+  out_shift_row: Array  # f32[17]: ... rows
+  out_transpose: Array  # f32: ... g transposed
+  out_shift_n: Array  # int32: sampled elements compared
+  out_abs_max: Array  # f32: max |t - r| over outliers
+  in_rel_rms: Array  # f32: RMS of (t - r) / scale over in-envelope elements
+  in_bias: Array  # f32: mean / RMS of (t - r) / scale, in-envelope
+  row_delta: Array  # f32[R]: least-squares scale of t - r on r, per row
+  #   (the fits and the value function: over the elements not outliers)
+  row_resid: Array  # f32[R]: RMS residual / RMS(r) of that fit, per row
+  row_err: Array  # f32[R]: RMS(t - r) / RMS(r), per row
+  fit_delta: Array  # f32: the whole record's least-squares scale
+  fit_resid: Array  # f32: its residual RMS / RMS(r)
+  value_r2: Array  # f32: share of the error variance a function of r explains
+  n_tiny: Array  # int32[5]: 0 < |g| < min normal of each narrow format
+  n_tiny_zeroed: Array  # int32[5]: ... with t == +-0
+  # The per-metric ratio view (KUT vs float64 over golden vs float64).
+  rel_max_test: Array  # f32: max |t - r| / |r| over |r| >= SMALL_VALUE
+  rel_max_golden: Array  # f32: ... |g - r| / |r|
+  n_small: Array  # int32: elements with |r| < SMALL_VALUE
+  n_small_err_test: Array  # int32: ... with |t - r| > SMALL_VALUE / 16
+  n_small_err_golden: Array  # int32: ... with |g - r| > SMALL_VALUE / 16
+  balance_test: Array  # f32: sum(t - r) / sum|t - r|, in [-1, 1]
+  balance_golden: Array  # f32: sum(g - r) / sum|g - r|
+  n_ulps_test: Array  # int32: |t - r| beyond ULP_LIMIT ulps of r's format
+  n_ulps_golden: Array  # int32: |g - r| beyond ULP_LIMIT ulps
+  n_nonfinite_mismatch: Array  # int32: isnan or isinf differ between t, g
+
+
+def empty(rows: int, cols: int, nbits: int) -> Decomposition:
+  """Neutral fields: no decomposition (no reference; the streaming form)."""
+  z = lambda *s: jnp.zeros(s, jnp.int32)
+  f = lambda *s: jnp.zeros(s, jnp.float32)
+  nan = jnp.float32(0)  # neutral: `decomposed` False says not computed
+  return Decomposition(
+      jnp.bool_(False), nan, nan, nan, nan, nan, nan, jnp.int32(0),
+      jnp.int32(0),
+      jnp.int32(0), jnp.int32(0),
+      jnp.int32(0), jnp.int32(0), jnp.int32(0), z(nbits), z(nbits), z(nbits),
+      z(LANES),
+      z(rows), z(cols), z(3), z(3), f(2 * SHIFT_RANGE + 1),
+      f(2 * SHIFT_RANGE + 1), nan, jnp.int32(0), nan, nan, nan, f(rows),
+      f(rows), f(rows), nan, nan, nan, z(5), z(5), nan, nan, jnp.int32(0),
+      jnp.int32(0), jnp.int32(0), nan, nan, jnp.int32(0), jnp.int32(0),
+      jnp.int32(0))
+
+
+def _sample_median(z: Array, valid: Array) -> Array:
+  """Median of nonnegative ``z`` over ``valid`` (quarter-octave buckets;
+  the bucket's upper edge, 0 when more than half are 0)."""
+  b = jnp.where(z > 0, jnp.clip(jnp.floor(4.0 * jnp.log2(jnp.maximum(
+      z, 1e-30))) + 161, 1, 399), 0).astype(jnp.int32)
+  hist = jnp.zeros((400,), jnp.int32).at[b].add(valid.astype(jnp.int32))
+  cum = cumsum_small(hist)
+  half = (jnp.sum(valid) + 1) // 2
+  k = jnp.argmax(cum >= half)
+  return jnp.where(k == 0, 0.0, 2.0 ** ((k - 160) / 4.0)).astype(z.dtype)
+
+
+def _safe_div(a, b):
+  return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
+
+
+def _tiles(mask2d: Array) -> tuple[Array, Array]:
+  rows, cols = mask2d.shape
+  anys, alls = [], []
+  for ts in TILE_SIZES:
+    r, c = rows // ts, cols // ts
+    if r == 0 or c == 0:
+      anys.append(jnp.int32(0))
+      alls.append(jnp.int32(0))
+      continue
+    m = mask2d[:r * ts, :c * ts].reshape(r, ts, c, ts)
+    cnt = jnp.sum(m, axis=(1, 3), dtype=jnp.int32)
+    anys.append(jnp.sum(cnt > 0, dtype=jnp.int32))
+    alls.append(jnp.sum(cnt == ts * ts, dtype=jnp.int32))
+  return jnp.stack(anys), jnp.stack(alls)
+
+
+def _top_bit(x: Array, nbits: int) -> Array:
+  """Index of the highest set bit of unsigned ``x`` (-1 for 0), int32."""
+  return (nbits - 1) - lax.clz(x).astype(jnp.int32)
+
+
+def _flip(u: Array, bit: Array) -> Array:
+  one = jnp.array(1, u.dtype)
+  return u ^ (one << jnp.maximum(bit, 0).astype(u.dtype))
+
+
+def _masked_median(z: Array, mask: Array, axis: int) -> Array:
+  """Median of ``z`` over ``mask`` along ``axis`` (+inf where none).
+
+  The lower median: the ``(k - 1) // 2``-th smallest of the ``k`` masked
+  values. ``z`` is nonnegative (or +inf, NaN), so its bit patterns, read as
+  unsigned integers, sort as its values do (NaN last, as ``jnp.sort``): a
+  bisection over the patterns (one count per bit of the dtype) finds that
+  order statistic exactly, the same element a sort would, at a fraction of
+  a sort's cost on CPU.
+  """
+  k = jnp.sum(mask, axis=axis)
+  mid = jnp.maximum((k - 1) // 2, 0)
+  uty = _uint(z.dtype)
+  u = lax.bitcast_convert_type(jnp.where(mask, z, jnp.inf), uty)
+  u = jnp.moveaxis(u, axis, -1)
+  lo = jnp.zeros(u.shape[:-1], uty)
+  hi = jnp.full(u.shape[:-1], np.iinfo(uty).max, uty)
+  for _ in range(np.dtype(uty).itemsize * 8):
+    half = lo + (hi - lo) // jnp.array(2, uty)
+    enough = jnp.sum(u <= half[..., None], axis=-1) > mid
+    hi = jnp.where(enough, half, hi)
+    lo = jnp.where(enough, lo, half + jnp.array(1, uty))
+  med = lax.bitcast_convert_type(lo, z.dtype)
+  return jnp.where(k > 0, med, jnp.inf)
+
+
+def _sort_finite(x: Array) -> Array:
+  """``jnp.sort`` of NaN-free floats, by their bit patterns as unsigned
+  keys (an integer sort is several times faster than a float sort on
+  CPU); the same values in the same order (-0 before +0)."""
+  uty = _uint(x.dtype)
+  top = jnp.array(1 << (np.dtype(uty).itemsize * 8 - 1), uty)
+  u = lax.bitcast_convert_type(x, uty)
+  neg = (u & top) != 0
+  k = lax.sort(jnp.where(neg, ~u, u | top))
+  back = jnp.where((k & top) != 0, k & ~top, ~k)
+  return lax.bitcast_convert_type(back, x.dtype)
+
+
+def _shift_stats(t, r, unit, theta_g, out, rows: int, cols: int):
+  """Values in the wrong place: elements beyond the golden envelope that
+  equal a golden value shifted by s columns / rows (or transposed), up to
+  the KUT's own noise, on sampled elements.
+
+  The tolerance is calibrated on the data: the best shift's median
+  distance (the KUT's own noise where its values really come from), times
+  DENSE_FACTOR, and at least the golden envelope. The window is centered on
+  the columns holding the most such elements, the rows are those holding
+  the most (at most SHIFT_SAMPLE_ROWS).
+  """
+  cw = min(cols, SHIFT_WINDOW)
+  nsamp = min(rows, SHIFT_SAMPLE_ROWS)
+  per_col = jnp.sum(out, axis=0, dtype=jnp.int32)
+  c0 = jnp.clip(jnp.argmax(per_col) - cw // 2, 0, cols - cw)
+  per_row = jnp.sum(out, axis=1, dtype=jnp.int32)
+  ridx = jnp.sort(lax.top_k(per_row, nsamp)[1])
+  shifts = np.arange(-SHIFT_RANGE, SHIFT_RANGE + 1)
+  sl = lambda a: lax.dynamic_slice_in_dim(a[ridx], c0, cw, axis=1)
+  ts, outs = sl(t), sl(out)
+  cidx = c0 + jnp.arange(cw)
+  src = cidx[None, :] - shifts[:, None]  # (17, cw)
+  ok = (src >= 0) & (src < cols)
+  srcc = jnp.clip(src, 0, cols - 1)
+  zc = jnp.abs(ts[:, None, :] - r[ridx][:, srcc]) / unit[ridx][:, srcc]
+  cmp_c = outs[:, None, :] & ok[None]  # (S, 17, cw)
+  rsrc = ridx[None, :] - shifts[:, None]  # (17, S)
+  rok = (rsrc >= 0) & (rsrc < rows)
+  rsrcc = jnp.clip(rsrc, 0, rows - 1)
+  zr = jnp.abs(ts[None] - lax.dynamic_slice_in_dim(r[rsrcc], c0, cw, axis=2)
+               ) / lax.dynamic_slice_in_dim(unit[rsrcc], c0, cw, axis=2)
+  cmp_r = outs[None] & rok[:, :, None]  # (17, S, cw)
+  if rows == cols and rows > 1:
+    zt = jnp.abs(ts - lax.dynamic_slice_in_dim(r.T[ridx], c0, cw, axis=1)
+                 ) / lax.dynamic_slice_in_dim(unit.T[ridx], c0, cw, axis=1)
+  else:
+    zt = jnp.full(ts.shape, jnp.inf, ts.dtype)
+  # The column shifts', the row shifts' and the transpose's medians as rows
+  # of one bisection: the same order statistics, a third of its operations
+  # (GPT's 13 records: 169 -> 145 ms).
+  ns = len(shifts)
+  meds = _masked_median(
+      jnp.concatenate([jnp.moveaxis(zc, 1, 0).reshape(ns, -1),
+                       zr.reshape(ns, -1), zt.reshape(1, -1)]),
+      jnp.concatenate([jnp.moveaxis(cmp_c, 1, 0).reshape(ns, -1),
+                       cmp_r.reshape(ns, -1), outs.reshape(1, -1)]), axis=1)
+  best = jnp.min(meds)
+  # The best placement must stand out: its median distance at most 1/64 of
+  # the typical placement's (else no value sits somewhere else: a dense
+  # fault that moves every element, such as a stuck exponent bit).
+  typical = jnp.nanmedian(jnp.where(jnp.isfinite(meds), meds, jnp.nan))
+  distinct = jnp.isfinite(best) & (64.0 * best <= jnp.nan_to_num(
+      typical, nan=0.0))
+  tol = jnp.where(distinct, jnp.maximum(theta_g, DENSE_FACTOR * best), -1.0)
+  col_m = jnp.sum((zc <= tol) & cmp_c, axis=(0, 2), dtype=jnp.int32)
+  col_n = jnp.sum(cmp_c, axis=(0, 2), dtype=jnp.int32)
+  row_m = jnp.sum((zr <= tol) & cmp_r, axis=(1, 2), dtype=jnp.int32)
+  row_n = jnp.sum(cmp_r, axis=(1, 2), dtype=jnp.int32)
+  n = jnp.sum(outs, dtype=jnp.int32)
+  tshare = _safe_div(jnp.sum((zt <= tol) & outs).astype(jnp.float32),
+                     n.astype(jnp.float32))
+  # A share only from MIN_COMPARED positions up (as the bitwise tests).
+  share = lambda m, k: jnp.where(k >= 8, m / jnp.maximum(k, 1), 0.0).astype(
+      jnp.float32)
+  return share(col_m, col_n), share(row_m, row_n), tshare, n
+
+
+def decompose(t: Array, g: Array, ref_hi: Array | None,
+              ref_lo: Array | None) -> Decomposition:
+  """The decomposition fields of one record (traced; see the module doc).
+
+  Args:
+    t: test record (validated float dtype, any shape).
+    g: golden record, same shape and dtype.
+    ref_hi: float32 high part of the float64 reference, or None.
+    ref_lo: its low part, or None.
+
+  Returns:
+    A :class:`Decomposition`.
+  """
+  dtype = np.dtype(t.dtype)
+  rows, cols = _view2d(t.shape)
+  nbits = dtype.itemsize * 8
+  cdt = jnp.float64 if dtype == np.float64 else jnp.float32
+  fmt = _core.format_of(dtype)
+  u = float(fmt.unit_roundoff)
+  t2 = t.reshape(rows, cols)
+  g2 = g.reshape(rows, cols)
+  tc, gc = t2.astype(cdt), g2.astype(cdt)
+  fin_t, fin_g = jnp.isfinite(tc), jnp.isfinite(gc)
+  if ref_hi is None:
+    r = jnp.where(fin_g, gc, 0.0)
+    lo = jnp.zeros_like(r)
+    has_ref = False
+  else:
+    r = ref_hi.reshape(rows, cols).astype(cdt)
+    lo = ref_lo.reshape(rows, cols).astype(cdt)
+    has_ref = True
+  fin_r = jnp.isfinite(r)
+  fp = fin_t & fin_g & fin_r
+  r = jnp.where(fin_r, r, 0.0)
+  # Row scale: the RMS of the reference over the row.
+  row_n = jnp.sum(fp, axis=1)
+  row_ms = jnp.sum(jnp.where(fp, r * r, 0.0), axis=1) / jnp.maximum(row_n, 1)
+  row_rms = jnp.sqrt(row_ms)
+  all_rms = jnp.sqrt(jnp.sum(row_ms * row_n) / jnp.maximum(jnp.sum(row_n), 1))
+  row_rms = jnp.where(row_rms <= CANCELLED_ROW * all_rms, all_rms, row_rms)
+  scale = jnp.abs(r) + row_rms[:, None]
+  tiny = jnp.finfo(cdt).tiny
+  unit = u * jnp.maximum(scale, tiny)
+  et = jnp.where(fp, jnp.abs((jnp.where(fin_t, tc, 0.0) - r) - lo), 0.0)
+  eg = jnp.where(fp, jnp.abs((jnp.where(fin_g, gc, 0.0) - r) - lo), 0.0)
+  zt = et / unit
+  zg = eg / unit
+  if has_ref:
+    golden_z = jnp.max(zg)
+    theta_g = ENVELOPE_FACTOR * jnp.maximum(golden_z, ENVELOPE_MIN_Z)
+  else:
+    golden_z = jnp.float32(0)
+    theta_g = jnp.asarray(NO_REFERENCE_Z, cdt)
+  # The KUT's own dense error (a port that rounds its inputs to bf16 is
+  # beyond the golden envelope everywhere): outliers are also beyond
+  # DENSE_FACTOR times its median, read from the percentile sample.
+  n = rows * cols
+  sidx = _sample_index(n)
+  pick = (lambda a: a.reshape(-1)) if sidx is None else (
+      lambda a: a.reshape(-1)[sidx])
+  # (Over elements whose reference is not exactly zero: a masked softmax
+  # entry or a ReLU's zero is trivially exact and says nothing of the
+  # kernel's rounding.)
+  live = fp & (r != 0)
+  zmed_t = _sample_median(pick(zt), pick(live))
+  zmed_g = _sample_median(pick(zg), pick(live))
+  theta = jnp.maximum(theta_g, DENSE_FACTOR * zmed_t)
+  env = theta * unit
+  new_nf = fin_g & ~fin_t
+  beyond = (fp & (zt > theta_g)) | new_nf  # beyond the golden envelope
+  out = (fp & (zt > theta)) | new_nf  # ... and beyond the KUT's own noise
+  n_out = jnp.sum(out, dtype=jnp.int32)
+  # Bits of the outliers against golden: one flip (the highest differing
+  # bit), then a second; counts over all outliers, the positions' histograms
+  # over the first MATCH_OUTLIERS of them (in memory order).
+  uty = _uint(dtype)
+  ut = lax.bitcast_convert_type(t2, uty)
+  ug = lax.bitcast_convert_type(g2, uty)
+  x = ut ^ ug
+  top1 = _top_bit(x, nbits)
+  t1 = _flip(ut, top1)
+  v1 = _from_bits(t1, dtype).astype(cdt)
+  ok1 = jnp.isfinite(v1) & (jnp.abs((v1 - r) - lo) <= env)
+  top2 = _top_bit(t1 ^ ug, nbits)
+  v2 = _from_bits(_flip(t1, top2), dtype).astype(cdt)
+  ok2 = jnp.isfinite(v2) & (jnp.abs((v2 - r) - lo) <= env) & (top2 >= 0)
+  flip1 = out & ok1 & (top1 >= 0)
+  flip2 = out & ~flip1 & ok2
+  t0 = (ut << jnp.array(1, uty)) == 0
+  k = min(MATCH_OUTLIERS, n)
+  idx = first_true(out.reshape(-1), k)
+  valid = jnp.arange(k) < n_out
+  bitpos = jnp.arange(nbits)
+  xk = x.reshape(-1)[idx]
+  xbits = ((xk[:, None] >> bitpos.astype(uty)) & jnp.array(1, uty)).astype(
+      jnp.int32)
+  out_bits_xor = jnp.sum(jnp.where(valid[:, None], xbits, 0), axis=0,
+                         dtype=jnp.int32)
+  f1 = (flip1.reshape(-1)[idx] & valid)[:, None]
+  at_bit = jnp.where(f1, top1.reshape(-1)[idx][:, None] == bitpos, False)
+  flip_bits = jnp.sum(at_bit, axis=0, dtype=jnp.int32)
+  t_set = ((ut.reshape(-1)[idx][:, None] >> bitpos.astype(uty))
+           & jnp.array(1, uty)) == 1
+  flip_up = jnp.sum(at_bit & t_set, axis=0, dtype=jnp.int32)
+  out_cols = jnp.sum(out, axis=0, dtype=jnp.int32)
+  lane = np.arange(cols) % LANES
+  out_lane = jnp.zeros((LANES,), jnp.int32).at[lane].add(out_cols)
+  tiles_any, tiles_all = _tiles(out)
+  tv_all = jnp.where(fin_t, tc, 0.0)
+  scol, srow, str_, sn = _shift_stats(tv_all, r, unit, theta_g, beyond,
+                                      rows, cols)
+  # Values moved among themselves (a permutation): the outliers' values,
+  # sorted, equal their references, sorted, within the envelope. Only when
+  # every outlier is among the MATCH_OUTLIERS gathered.
+  tv_k = jnp.where(valid, tv_all.reshape(-1)[idx], 0.0)
+  rv_k = jnp.where(valid, r.reshape(-1)[idx], 0.0)
+  ev_k = jnp.where(valid, env.reshape(-1)[idx], 0.0)
+  big = jnp.asarray(jnp.finfo(cdt).max, cdt)
+  st = _sort_finite(jnp.where(valid, tv_k, big))
+  sr = _sort_finite(jnp.where(valid, rv_k, big))
+  tol = jnp.max(ev_k)
+  moved = jnp.where(n_out <= k, jnp.sum(valid & (jnp.abs(st - sr) <= tol),
+                                        dtype=jnp.int32), 0)
+  nmatch = jnp.where(n_out <= k, jnp.sum(valid, dtype=jnp.int32), 0)
+  # Dense part: normalized signed error inside the envelope.
+  inside = fp & ~out
+  en = jnp.where(inside, ((jnp.where(fin_t, tc, 0.0) - r) - lo) / jnp.maximum(
+      scale, tiny), 0.0)
+  nin = jnp.maximum(jnp.sum(inside), 1)
+  in_ms = jnp.sum(en * en) / nin
+  in_rms = jnp.sqrt(in_ms)
+  in_bias = _safe_div(jnp.sum(en) / nin, in_rms)
+  # Per-row least squares of d = t - r on r (finite pairs, all elements).
+  d = jnp.where(inside, (jnp.where(fin_t, tc, 0.0) - r) - lo, 0.0)
+  rr = jnp.where(inside, r, 0.0)
+  srr = jnp.sum(rr * rr, axis=1)
+  srd = jnp.sum(rr * d, axis=1)
+  sdd = jnp.sum(d * d, axis=1)
+  row_delta = _safe_div(srd, srr)
+  row_res = jnp.maximum(sdd - row_delta * srd, 0.0)
+  row_resid = jnp.sqrt(_safe_div(row_res, srr))
+  row_err = jnp.sqrt(_safe_div(sdd, srr))
+  tot_rr, tot_rd, tot_dd = jnp.sum(srr), jnp.sum(srd), jnp.sum(sdd)
+  fit_delta = _safe_div(tot_rd, tot_rr)
+  fit_resid = jnp.sqrt(_safe_div(jnp.maximum(tot_dd - fit_delta * tot_rd, 0.0),
+                                 tot_rr))
+  # A function of the value: on the percentile sample, bins of sign(r) and
+  # quarter octaves of |r| / rms(r); the share of the normalized error's
+  # variance that lies between bins (1: the error is a function of r).
+  grms = jnp.sqrt(tot_rr / jnp.maximum(jnp.sum(inside), 1))
+  rs, ds, ws = pick(r), pick(d), pick(inside)
+  scs = pick(jnp.broadcast_to(row_rms[:, None], r.shape))
+  q = jnp.floor(4.0 * jnp.log2(jnp.maximum(jnp.abs(rs), tiny) /
+                               jnp.maximum(grms, tiny)))
+  half = VALUE_BINS // 2
+  bins = jnp.clip(q + half // 2, 0, half - 1).astype(jnp.int32) + jnp.where(
+      rs < 0, half, 0)
+  ef = jnp.where(ws, ds / jnp.maximum(jnp.maximum(jnp.abs(rs), scs), tiny),
+                 0.0)
+  w = ws.astype(cdt)
+  cnt = jnp.zeros((VALUE_BINS,), cdt).at[bins].add(w)
+  s1 = jnp.zeros((VALUE_BINS,), cdt).at[bins].add(ef * w)
+  ntot = jnp.maximum(jnp.sum(w), 1.0)
+  mean = jnp.sum(s1) / ntot
+  tot_var = jnp.sum(w * (ef - mean) ** 2)
+  between = jnp.sum(_safe_div(s1 * s1, cnt)) - ntot * mean * mean
+  value_r2 = _safe_div(between, tot_var)
+  # Tiny golden values of each narrow format, and those zeroed in t.
+  ag = jnp.abs(jnp.where(fin_g, gc, 0.0))
+  tiny_n, tiny_z = [], []
+  for name in _core.NARROW_FORMATS:
+    below = fin_g & (ag > 0) & (ag < _core.FORMATS[name].min_normal)
+    tiny_n.append(jnp.sum(below, dtype=jnp.int32))
+    tiny_z.append(jnp.sum(below & t0, dtype=jnp.int32))
+  # The per-metric ratio view: KUT and golden each against the reference.
+  small = SMALL_VALUE[fmt.name]
+  ar = jnp.abs(r)
+  big = fp & (ar >= small)
+  tiny_r = fp & (ar < small)
+  dt = jnp.where(fp, (jnp.where(fin_t, tc, 0.0) - r) - lo, 0.0)
+  dg = jnp.where(fp, (jnp.where(fin_g, gc, 0.0) - r) - lo, 0.0)
+  rel = lambda e: jnp.max(jnp.where(big, jnp.abs(e) / jnp.maximum(ar, tiny),
+                                    0.0))
+  bal = lambda e: _safe_div(jnp.sum(e), jnp.sum(jnp.abs(e)))
+  # ulp of r in the record's format: 2**(exponent - mantissa bits), at
+  # least the smallest subnormal's spacing.
+  ex = jnp.floor(jnp.log2(jnp.maximum(ar, fmt.min_normal)))
+  ulp = jnp.exp2(ex - fmt.mantissa_bits)
+  lim = ULP_LIMIT[fmt.name] * ulp
+  mismatch = jnp.sum((jnp.isnan(tc) != jnp.isnan(gc)) |
+                     (jnp.isinf(tc) != jnp.isinf(gc)), dtype=jnp.int32)
+  f32 = lambda v: jnp.asarray(v, jnp.float32)
+  return Decomposition(
+      jnp.bool_(True), f32(theta), f32(theta_g), f32(golden_z), f32(zmed_t),
+      f32(zmed_g), f32(jnp.max(zt)), jnp.sum(beyond, dtype=jnp.int32), n_out,
+      jnp.sum(out & t0, dtype=jnp.int32), jnp.sum(flip1, dtype=jnp.int32),
+      jnp.sum(flip2, dtype=jnp.int32), moved, nmatch, flip_bits, flip_up,
+      out_bits_xor, out_lane, jnp.sum(out, axis=1, dtype=jnp.int32),
+      out_cols, tiles_any, tiles_all, scol,
+      srow, f32(str_), sn, f32(jnp.max(jnp.where(out & fp, et, 0.0))),
+      f32(in_rms), f32(in_bias), f32(row_delta), f32(row_resid),
+      f32(row_err), f32(fit_delta), f32(fit_resid),
+      f32(jnp.clip(value_r2, 0.0, 1.0)), jnp.stack(tiny_n), jnp.stack(tiny_z),
+      f32(rel(dt)), f32(rel(dg)), jnp.sum(tiny_r, dtype=jnp.int32),
+      jnp.sum(tiny_r & (jnp.abs(dt) > small / 16), dtype=jnp.int32),
+      jnp.sum(tiny_r & (jnp.abs(dg) > small / 16), dtype=jnp.int32),
+      f32(bal(dt)), f32(bal(dg)),
+      jnp.sum(fp & (jnp.abs(dt) > lim), dtype=jnp.int32),
+      jnp.sum(fp & (jnp.abs(dg) > lim), dtype=jnp.int32), mismatch)

@@ -1,0 +1,298 @@
+"""Validation campaigns: playback FI, runtime FI, verdict, localization, report.
+
+A campaign is one directory; :mod:`peat_jax.profiler.files._layout` names every
+file in it (docs/campaign.md).
+
+Records hold small numbers only (signature scalars, the ULP and bit-position
+histograms, the diagnosis), never arrays of activations. Both record files
+are append-only streams of checksummed msgpack records (``_records``); a
+restarted campaign reads them and skips the steps / frequencies already
+done. Native KUTs run in worker processes by default (``_isolate``): a KUT
+that crashes, hangs or exhausts memory becomes a finding, not the end of
+the campaign (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from typing import Callable, NamedTuple, Sequence
+
+
+from peat_jax.profiler.campaigns import _campaign_report
+from peat_jax.profiler import files as _files
+from peat_jax.profiler import golden as _golden
+from peat_jax.profiler import isolation as _isolation
+from peat_jax.profiler.campaigns import _provenance
+from peat_jax import report as _report
+from peat_jax.core import PeatError
+# Re-exported: the campaign layers, reachable from one module.
+from peat_jax.profiler.playback_fi import playback
+from peat_jax.profiler.runtime_fi import parse_frequency
+from peat_jax.profiler.runtime_fi import runtime
+from peat_jax.profiler.isolation import TaskFactory
+from peat_jax.profiler.golden import TrainTask
+from peat_jax.kernels import kut as _kut
+from peat_jax.profiler.files import campaign_lock
+
+SETTINGS_FILE = _files.SETTINGS_FILE
+LOCK_FILE = _files.LOCK_FILE
+#: Version of the campaign directory's layout and record formats, stored in
+#: campaign.json ("format"); a directory of another version is refused.
+#: 2: checksummed record frames, crashes.msgpack.
+CAMPAIGN_FORMAT = 2
+#: Settings newer than format 2, with the value a campaign without them had.
+_LATER_SETTINGS = {"backward": "golden", "invariance": False}
+
+
+# --------------------------------------------------------------- campaign
+
+
+def _check_settings(directory: str, settings: dict) -> None:
+  """Stores the settings, or checks them against the stored ones.
+
+  Raises:
+    PeatError: a corrupt campaign.json, one of another campaign format
+      (another peat_jax version), or other settings; nothing is changed.
+  """
+  path = os.path.join(directory, SETTINGS_FILE)
+  if os.path.exists(path):
+    try:
+      with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    except (ValueError, UnicodeDecodeError) as err:
+      raise PeatError(
+          f"campaign settings file {path} is corrupt ({err}); expected the "
+          "JSON written by peat.validate. Nothing was changed. Fix: restore "
+          "it from a copy, or use another campaign directory.") from err
+    if not isinstance(old, dict):
+      raise PeatError(f"campaign settings file {path} holds a "
+                      f"{type(old).__name__}; expected a JSON object. Fix: "
+                      "restore it or use another campaign directory.")
+    # Settings added after format 2 began; a campaign that predates one
+    # had its default.
+    for k, default in _LATER_SETTINGS.items():
+      old.setdefault(k, default)
+    if old.get("format") != settings["format"]:
+      raise PeatError(
+          f"campaign directory {directory} was written by another version "
+          f"of peat_jax: {path} has campaign format {old.get('format')!r} "
+          f"(None: from before format versions), this peat_jax reads format "
+          f"{settings['format']}. Nothing was changed. Fix: run the campaign "
+          "in a new directory, or finish it with the peat_jax version that "
+          "started it.")
+    diff = {k: (old.get(k), settings.get(k))
+            for k in set(old) | set(settings) if old.get(k) != settings.get(k)}
+    if diff:
+      lines = "; ".join(f"{k}: expected {a!r} (stored), got {b!r}"
+                        for k, (a, b) in sorted(diff.items()))
+      raise PeatError(
+          f"campaign directory {directory} holds a campaign with other "
+          f"settings ({lines}). Fix: use another campaign directory or the "
+          "stored settings.")
+    return
+  try:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(settings, f, indent=1, sort_keys=True)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+  except OSError as err:
+    with contextlib.suppress(OSError):
+      os.remove(path + ".tmp")
+    raise PeatError(
+        f"cannot write campaign settings file {path}: {err.strerror or err}."
+        " Fix: free disk space or fix the directory's permissions, then run "
+        "the same command again.") from err
+
+
+class CampaignPaths(NamedTuple):
+  """Where :func:`validate` wrote a campaign.
+
+  Attributes:
+    directory: the campaign directory.
+    html: report.html.
+    json: report.json.
+    verdict: the KUT's verdict (``pass``/``warn``/``fail``).
+  """
+
+  directory: str
+  html: str
+  json: str
+  verdict: str
+
+
+def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,
+                   factory: TaskFactory | None,
+                   say: Callable[[str], None]) -> bool:
+  """Whether validate runs the KUT in worker processes (see validate)."""
+  native_code = spec.source in ("native", "ffi")  # may crash the process
+  if isolate is None:
+    isolate = native_code and factory is not None
+    if native_code and factory is None:
+      if _kut.is_broken(spec):
+        raise PeatError(
+            f"KUT {spec.spec!r} is deliberately broken (it crashes, hangs or "
+            "exhausts memory) and needs process isolation, which needs a "
+            "peat.TaskFactory instead of a TrainTask (e.g. "
+            "TaskFactory('peat_jax.models', 'get_task', {'name': 'cnn'})).")
+      say("[isolation] off: native: and ffi: KUTs run in worker processes "
+          "when validate gets a peat.TaskFactory instead of a TrainTask")
+  if isolate and factory is None:
+    raise PeatError("isolate=True needs a peat.TaskFactory (a picklable "
+                    "recipe that rebuilds the task in a worker process) "
+                    "instead of a TrainTask, e.g. TaskFactory("
+                    "'peat_jax.models', 'get_task', {'name': 'cnn'})")
+  if not isolate and _kut.is_broken(spec):
+    raise PeatError(f"KUT {spec.spec!r} is deliberately broken (it crashes, "
+                    "hangs or exhausts memory); run it with isolate=True "
+                    "(or None) and a peat.TaskFactory")
+  return bool(isolate)
+
+
+def validate(task: TrainTask | TaskFactory,
+             kut_spec: "str | _kut.KutSpec",
+             campaign_dir: str | os.PathLike,
+             *, steps: int | None = None, checkpoint_every: int | None = None,
+             frequencies: Sequence[str] = ("every", "every_4",
+                                           "fraction_0.25"),
+             runtime_steps: int | None = None, select: str | None = None,
+             seed: int = 0, scenario: str | None = None,
+             isolate: bool | None = None,
+             timeout_s: float = _isolation.TIMEOUT_S,
+             startup_s: float = _isolation.STARTUP_S,
+             memory_limit_mb: int | None = _isolation.MEMORY_LIMIT_MB,
+             progress: Callable[[str], None] | None = print,
+             backward: str = "golden",
+             invariance: bool = False) -> CampaignPaths:
+  """Runs a whole campaign: golden, playback, runtime FI, verdict, report.
+
+  With isolation, playback and runtime FI run in worker processes with time
+  and memory limits (``peat_jax.profiler.isolation._isolate``): a KUT that crashes, hangs or
+  exhausts memory becomes a crash/hang finding (``crashes.msgpack``, the
+  report, verdict ``fail``) and the campaign goes on. The records are the
+  same with and without isolation.
+
+  Args:
+    task: the model scenario: a :class:`peat_jax.TrainTask`, or a
+      :class:`TaskFactory` that builds it (needed for isolation, since a
+      worker process rebuilds the task).
+    kut_spec: the KUT spec (``peat_jax.kernels.kut``), a string or a
+      parsed :class:`peat_jax.kernels.KutSpec`; parsed here, once, and
+      passed on parsed.
+    campaign_dir: the campaign directory (created; resumable).
+    steps: golden training steps (task default when None).
+    checkpoint_every: checkpoint interval (task default when None).
+    frequencies: runtime FI frequencies (``every``, ``every_<n>``,
+      ``fraction_<p>``); empty to skip runtime FI.
+    runtime_steps: runtime FI steps from step 0 (default: ``steps``).
+    select: narrow the spec's sites by an ``fnmatch`` pattern.
+    seed: golden seed.
+    scenario: the scenario's label in the report (default ``task.name``).
+    isolate: run playback and runtime FI in worker processes. None
+      (default): yes for native: and ffi: KUTs when ``task`` is a
+      TaskFactory.
+      Deliberately broken KUTs require it.
+    timeout_s: isolation: time limit of one checkpoint / frequency.
+    startup_s: isolation: extra time of the first checkpoint / frequency of
+      each worker (import, tracing, compilation).
+    memory_limit_mb: isolation: a worker's resident memory limit.
+    progress: called with progress lines (None: silent).
+    backward: ``"golden"`` (default): the golden kernel at the backward
+      sites, the forward-only question. ``"kut"``: the KUT's VJP at the
+      backward sites of the selected forward sites, in playback (each
+      backward site recorded: one signature per cotangent against the
+      golden VJP and a float64 reference VJP) and in runtime FI. Part of
+      the campaign's settings: a directory holds one or the other.
+    invariance: playback also probes the KUT for stale outputs, mutated
+      inputs, ignored inputs and batch variance at each forward site and
+      composite backward site (``peat.playback``'s ``invariance``); part
+      of the campaign's settings.
+
+  Returns:
+    :class:`CampaignPaths`.
+
+  Raises:
+    PeatError: a campaign with other settings (or of another peat_jax
+      version) in ``campaign_dir``, a campaign running there, an unknown
+      spec or frequency, isolation without a TaskFactory, a corrupt record
+      file (:class:`peat_jax.profiler.files._records.RecordFileError`), a bad
+      ``backward``, a backward site the KUT's VJP cannot run at (named).
+  """
+  say = progress or (lambda s: None)
+  directory = os.path.abspath(os.fspath(campaign_dir))
+  factory = task if isinstance(task, TaskFactory) else None
+  # Parsed and checked here, once; every layer below gets this object.
+  kut = _kut.checked(kut_spec, backward)
+  spec = kut.spec
+  if not isinstance(invariance, bool):
+    raise PeatError(f"invariance must be True or False; got {invariance!r}")
+  kut_spec = kut.name  # the records' and the report's key
+  isolated = _use_isolation(isolate, spec, factory, say)
+  if factory is not None:
+    task = factory.build()
+  steps = int(steps or task.default_steps)
+  checkpoint_every = int(checkpoint_every or task.default_checkpoint_every)
+  runtime_steps = int(runtime_steps or steps)
+  for f in frequencies:
+    parse_frequency(f)
+  settings = {"format": CAMPAIGN_FORMAT,
+              "scenario": scenario or task.name, "task": task.name,
+              "task_config": json.dumps(task.config, sort_keys=True,
+                                        default=str),
+              "kut": kut_spec, "steps": steps,
+              "checkpoint_every": checkpoint_every,
+              "frequencies": ",".join(frequencies),
+              "runtime_steps": runtime_steps, "select": select or "",
+              "seed": seed, "backward": backward,
+              "invariance": invariance}
+  with campaign_lock(directory):
+    _check_settings(directory, settings)
+    t0 = time.perf_counter()
+    say(f"[1/4] golden run: {steps} steps, checkpoint every "
+        f"{checkpoint_every} -> {directory}/golden")
+    g = _golden.golden_train(task, os.path.join(directory, _files.GOLDEN_DIR),
+                             steps=steps, checkpoint_every=checkpoint_every,
+                             seed=seed, resume=True, evaluate=False)
+    _provenance.record(task, g.checkpoint_dir, kut, select, directory)
+    iso = (f" (isolated: worker processes, {timeout_s:g} s per unit, "
+           f"{memory_limit_mb} MiB)" if isolated else "")
+    limits = dict(timeout_s=timeout_s, startup_s=startup_s,
+                  memory_limit_mb=memory_limit_mb)
+    bwd = (" with its VJP at the backward sites" if backward == "kut"
+           else "")
+    say(f"[2/4] playback FI of {kut_spec}{bwd} at {len(g.steps) - 1} "
+        f"checkpoints{iso}")
+    if isolated:
+      _isolation.isolated_playback(factory, g.workdir, kut,
+                                   campaign_dir=directory, select=select,
+                                   progress=say, invariance=invariance,
+                                   **limits)
+    else:
+      playback(task, g.workdir, kut, campaign_dir=directory,
+               select=select, progress=say, backward=backward,
+               invariance=invariance)
+    if frequencies:
+      say(f"[3/4] runtime FI{bwd}: {', '.join(frequencies)}, "
+          f"{runtime_steps} steps{iso}")
+      if isolated:
+        _isolation.isolated_runtime(
+            factory, g.workdir, kut, frequencies=frequencies,
+            steps=runtime_steps, campaign_dir=directory, select=select,
+            progress=say, **limits)
+      else:
+        runtime(task, g.workdir, kut, frequencies=frequencies,
+                steps=runtime_steps, campaign_dir=directory,
+                select=select, progress=say, backward=backward)
+    say("[4/4] verdict and report")
+    # The report is built from the records on disk, by the same loader
+    # as peat.rebuild_report (peat-report), so the two are the same.
+    data = _campaign_report.load_report_data(directory, kut=kut_spec,
+                                             backward=backward)
+    paths = _report.write_report(data, directory)
+    say(_report.summary_table(data))
+    say(f"report: {paths.html} ({time.perf_counter() - t0:.1f} s)")
+    return CampaignPaths(directory, str(paths.html), str(paths.json),
+                         data["verdict"]["verdict"])

@@ -1,0 +1,56 @@
+"""Playback records stay what they were before playback was made faster
+(issue 22).
+
+The fixture (tests/profiler/playback_fi/records_fixture: ``make.py`` run with peat_jax
+at main 3ff0694;
+``gpt_backward_kut`` at ea885b3, whose attention backward pairing fix,
+1883063, changed those records; it and ``cnn_conv2d`` again at d94508b:
+eb10a7c gives rows that cancel whole a scale, which made the envelope of
+some records finite where it was NaN) holds the ``playback.msgpack`` of small campaigns on the
+real CNN and a small GPT (``cases.py``): forward sites of a native conv2d
+and matmul KUT, composite sites (host references) and three KUTs played
+together, and the KUT's VJP at the backward sites. Each test makes the same
+golden run and playback with today's peat_jax and compares the records as
+two machines' records can be compared (``peat.testing.assert_records_close``:
+exact on structure, names, models, verdicts and element counts, within
+stated tolerances on the float statistics that another processor's
+rounding of golden moves). On one machine the records are bitwise
+reproducible: ``make.py --out=DIR`` at two commits and ``cmp`` compares
+them byte for byte (how refactors are checked, docs/profiler.md).
+"""
+
+import importlib.util
+import os
+
+import pytest
+
+import peat_jax as peat
+from peat_jax import models
+
+HERE = os.path.join(os.path.dirname(__file__), "records_fixture")
+_spec = importlib.util.spec_from_file_location(
+    "peat_records_fixture_cases", os.path.join(HERE, "cases.py"))
+cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cases)
+
+
+def _check(name, tmp_path):
+  expected = peat.profiler.read_records(os.path.join(HERE, f"{name}.msgpack"))
+  path = cases.run(peat, models, name, str(tmp_path))
+  peat.testing.assert_records_close(expected, peat.profiler.read_records(path))
+
+
+@pytest.mark.slow
+def test_cnn_conv2d_records_are_those_of_before(tmp_path):
+  _check("cnn_conv2d", tmp_path)
+
+
+@pytest.mark.slow
+def test_gpt_matmul_records_are_those_of_before(tmp_path):
+  _check("gpt_matmul", tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt_many", "gpt_backward_kut"])
+def test_more_gpt_records_are_those_of_before(name, tmp_path):
+  _check(name, tmp_path)
