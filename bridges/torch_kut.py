@@ -35,6 +35,7 @@ without importing torch; torch is imported when a KUT first runs.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -431,9 +432,11 @@ def composite_kut(kind: str, fn: Callable, *, name: str | None = None
   | ``softmax`` | ``(x, axis=-1)`` | ``fn(x, dim=axis)`` |
   | ``log_softmax`` | ``(x, axis=-1)`` | ``fn(x, dim=axis)`` |
   | ``layer_norm`` | ``(x, scale, bias, eps=1e-6)`` | ``fn(x, (D,), scale, bias, eps)`` |
-  | ``rms_norm`` | ``(x, scale, eps=1e-6)`` | ``fn(x, (D,), scale, eps)`` |
+  | ``rms_norm`` | ``(x, scale, eps=1e-6)`` | ``fn(x, (D,), scale, eps)`` (``F.rms_norm``'s form; ``scale`` in x's dtype, as ``nnx.RMSNorm(dtype=x.dtype)`` applies it; None without one) |
   | ``gelu`` | ``(x, approximate=False)`` | ``fn(x)`` (the function's own form) |
-  | ``attention`` | ``(q, k, v, mask=None, *, bias=None, scale=None, is_causal=False)``, ``[B, T, H, D]`` | ``fn(q, k, v, attn_mask=m)`` on ``[B, H, T, D]`` (SDPA; ``m`` the mask, or the bias with the mask applied; ``scale=``, ``is_causal=True`` passed when set) |
+  | ``silu`` | ``(x)`` or ``(x, up)`` (SwiGLU) | ``fn(x)``; with ``up``: ``fn(x, up)`` when ``fn`` takes two required positional arguments (a fused SwiGLU), else ``fn(x) * up`` in torch (HF Llama's ``act_fn(gate) * up``, e.g. ``F.silu``) |
+  | ``rope`` | ``(x, positions, *, theta)``, x ``[B, T, H, D]``, positions int ``[T]`` | ``fn(x, positions, theta)``: x in the site's layout, positions an int32 tensor, theta a Python float |
+  | ``attention`` | ``(q, k, v, mask=None, *, bias=None, scale=None, is_causal=False)``, ``[B, T, H, D]`` | ``fn(q, k, v, attn_mask=m)`` on ``[B, H, T, D]`` (SDPA; ``m`` the mask, or the bias with the mask applied; ``scale=``, ``is_causal=True`` passed when set; ``enable_gqa=True`` when k and v have fewer heads than q) |
   | ``cross_entropy`` | ``(logits, labels, reduction="mean")`` | ``fn(logits.reshape(-1, V), labels.reshape(-1).long())`` (mean), with ``reduction="none"`` per example |
 
   Args:
@@ -458,9 +461,45 @@ def composite_kut(kind: str, fn: Callable, *, name: str | None = None
                       name=label)(x, scale, bias)
   elif kind == "rms_norm":
     def kut(x, scale, eps=1e-6):
+      if scale is None:
+        return torch_op(lambda t: fn(t, (t.shape[-1],), None, float(eps)),
+                        name=label, result_shape=_like_first)(x)
+      if _is_float(scale.dtype) and _is_float(x.dtype):
+        # nnx.RMSNorm(dtype=x.dtype) applies its float32 parameter in x's
+        # dtype (a bf16 model's site: x bf16, scale float32): so does the
+        # adapter, as the golden layer does, not as a silent promotion.
+        scale = scale.astype(x.dtype)
       _same_float_dtype(label, x=x, scale=scale)
       return torch_op(lambda t, s: fn(t, (t.shape[-1],), s, float(eps)),
-                      name=label)(x, scale)
+                      name=label, result_shape=_like_first)(x, scale)
+  elif kind == "silu":
+    fused = _takes_two_positional(fn)
+
+    def kut(x, up=None):
+      if up is None:
+        return torch_op(fn, name=label, result_shape=_like_first)(x)
+      _same_float_dtype(label, x=x, up=up)
+      if tuple(up.shape) != tuple(x.shape):
+        raise PeatError(f"torch {label} KUT: x and up must have one shape "
+                        f"(SwiGLU); got {tuple(x.shape)} and "
+                        f"{tuple(up.shape)}")
+      if fused:
+        return torch_op(lambda a, b: fn(a, b), name=label,
+                        result_shape=_like_first)(x, up)
+      return torch_op(lambda a, b: fn(a) * b, name=label,
+                      result_shape=_like_first)(x, up)
+  elif kind == "rope":
+    def kut(x, positions, theta=10000.0):
+      positions = jnp.asarray(positions)
+      if (x.ndim != 4 or not jnp.issubdtype(positions.dtype, jnp.integer)
+          or tuple(positions.shape) != (x.shape[1],)):
+        raise PeatError(
+            f"torch {label} KUT: expected x [batch, length, heads, "
+            f"head_dim] and integer positions [length]; got x "
+            f"{tuple(x.shape)}, positions {positions.dtype}"
+            f"{list(positions.shape)}")
+      return torch_op(lambda t, p: fn(t, p, float(theta)), name=label,
+                      result_shape=_like_first)(x, positions.astype(jnp.int32))
   elif kind == "gelu":
     def kut(x, approximate=False):
       del approximate  # the torch function computes its own form
@@ -472,6 +511,13 @@ def composite_kut(kind: str, fn: Callable, *, name: str | None = None
       extra = {} if scale is None else {"scale": float(scale)}
       if causal:
         extra["is_causal"] = True
+      h, hk = q.shape[2], k.shape[2]
+      if hk != h or v.shape[2] != h:
+        if hk == 0 or h % hk or v.shape[2] != hk:
+          raise PeatError(f"torch {label} KUT: {h} query heads and {hk} "
+                          f"key / {v.shape[2]} value heads; expected k and "
+                          "v with the same heads, a divisor of q's")
+        extra["enable_gqa"] = True  # query head j uses kv head j // (h/hk)
 
       def tfn(qt, kt, vt, *m):
         y = fn(qt.transpose(1, 2), kt.transpose(1, 2), vt.transpose(1, 2),
@@ -495,10 +541,32 @@ def composite_kut(kind: str, fn: Callable, *, name: str | None = None
   else:
     raise PeatError(f"no torch adapter for composite kind {kind!r}; expected "
                     "one of softmax, log_softmax, layer_norm, rms_norm, gelu, "
-                    "attention, cross_entropy (or register_kut your own KUT "
-                    "with the composite's signature)")
+                    "silu, rope, attention, cross_entropy (or register_kut "
+                    "your own KUT with the composite's signature)")
   kut.__name__ = f"torch_{label}"
   return kut
+
+
+def _like_first(x, *unused) -> jax.ShapeDtypeStruct:
+  """The result of an elementwise or rowwise site (rms_norm, silu, rope):
+  x's shape and dtype, without running the torch function on meta tensors
+  (a function that makes CPU tensors, e.g. ``torch.arange`` without
+  ``device=``, cannot run there). The bridge checks the real result."""
+  del unused
+  return jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+
+def _takes_two_positional(fn: Callable) -> bool:
+  """Whether ``fn`` takes two required positional arguments (a fused
+  SwiGLU ``fn(gate, up)``; ``F.silu(input, inplace=False)`` takes one)."""
+  try:
+    params = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError):
+    return False
+  required = [p for p in params
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+              and p.default is p.empty]
+  return len(required) >= 2
 
 
 def _sdpa_mask(q, k, mask, bias, is_causal):
@@ -560,7 +628,7 @@ def register_torch_kut(name: str, fn: Callable, *, kernel: str,
       (:func:`dot_general_kut`, :func:`conv_kut`, :func:`composite_kut`).
     kernel: the site kernel: ``dot_general``, ``conv_general_dilated``,
       ``softmax``, ``log_softmax``, ``layer_norm``, ``rms_norm``, ``gelu``,
-      ``attention`` or ``cross_entropy``.
+      ``silu``, ``rope``, ``attention`` or ``cross_entropy``.
     doc: one line for listings.
 
   Returns:
@@ -636,8 +704,33 @@ def _layer_norm(x, shape, scale, bias, eps):
   return require_torch().nn.functional.layer_norm(x, shape, scale, bias, eps)
 
 
+def _rms_norm(x, shape, scale, eps):
+  return require_torch().nn.functional.rms_norm(x, shape, scale, eps)
+
+
 def _gelu(x):
   return require_torch().nn.functional.gelu(x)
+
+
+def _silu(x):
+  return require_torch().nn.functional.silu(x)
+
+
+def _rope(x, positions, theta):
+  """Rotary embedding of the two halves as HF Llama writes it (``inv_freq
+  = 1 / theta**(arange(0, D, 2) / D)``, ``x * cos + rotate_half(x) *
+  sin``), with float32 tables and arithmetic and one rounding to x's
+  dtype (HF rounds the tables to x's dtype first). x ``[B, T, H, D]``."""
+  torch = require_torch()
+  d = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (torch.arange(
+      0, d, 2, dtype=torch.int64, device=x.device).float() / d))
+  freqs = positions.float()[:, None] * inv_freq[None, :]
+  emb = torch.cat([freqs, freqs], dim=-1)
+  cos, sin = emb.cos()[None, :, None, :], emb.sin()[None, :, None, :]
+  xf = x.float()
+  rot = torch.cat([-xf[..., d // 2:], xf[..., :d // 2]], dim=-1)
+  return (xf * cos + rot * sin).to(x.dtype)
 
 
 def _gelu_tanh(x):
@@ -662,10 +755,15 @@ BUILTIN: dict[str, tuple[str, Callable, str]] = {
     "conv2d": ("conv_general_dilated", _conv2d, "F.conv2d (NCHW/OIHW)"),
     "softmax": ("softmax", _softmax, "torch.softmax"),
     "layer_norm": ("layer_norm", _layer_norm, "F.layer_norm"),
+    "rms_norm": ("rms_norm", _rms_norm, "F.rms_norm"),
     "gelu": ("gelu", _gelu, "F.gelu (erf)"),
     "gelu_tanh": ("gelu", _gelu_tanh, "F.gelu(approximate='tanh'): a port "
                   "that uses the tanh approximation"),
-    "attention": ("attention", _sdpa, "F.scaled_dot_product_attention"),
+    "silu": ("silu", _silu, "F.silu; at SwiGLU sites F.silu(x) * up"),
+    "rope": ("rope", _rope, "rotary embedding of the two halves in torch "
+             "(HF Llama's form, float32, one rounding)"),
+    "attention": ("attention", _sdpa, "F.scaled_dot_product_attention "
+                  "(enable_gqa=True with fewer kv heads)"),
     "cross_entropy": ("cross_entropy", _cross_entropy, "F.cross_entropy"),
 }
 

@@ -14,8 +14,15 @@ Scenarios (``SCENARIOS``):
 ``cnn_finetune``          from a ``cnn_04`` checkpoint, new head, digits 5-9
 ``vit_finetune``          from a ``vit_04`` checkpoint, new head, digits 5-9
 ``gpt_finetune``          from a ``gpt`` checkpoint, English prose of the manual
+``llama``                 Llama-style decoder in bf16 mixed precision, pretrained
+                          on stdlib Python source (RMSNorm, RoPE, SwiGLU, GQA)
+``llama_finetune``        from a ``llama`` checkpoint, English prose of the manual
+``vit_bf16``              the ViT on all ten digits in bf16 mixed precision
 ``minilm_finetune``       pretrained all-MiniLM-L6-v2, new head, manual topics
 ========================  =====================================================
+
+bf16 mixed precision: parameters and optimizer state float32, activations
+and kernels bfloat16, the loss on logits cast to float32.
 """
 
 import functools
@@ -34,9 +41,11 @@ from peat_jax.models import layers
 from peat_jax.models import minilm_task
 from peat_jax.models.cnn import Cnn
 from peat_jax.models.gpt import Gpt
+from peat_jax.models.llama import Llama
 from peat_jax.models.vit import Vit
 
-_MODELS = {"cnn": Cnn, "vit": Vit, "gpt": Gpt}
+_MODELS = {"cnn": Cnn, "vit": Vit, "gpt": Gpt, "llama": Llama}
+_LANGUAGE_MODELS = ("gpt", "llama")
 _HEAD = "head"  # parameter subtree replaced by a fresh one when finetuning
 
 _DIGITS = (0, 1, 2, 3, 4, 5, 6, 7, 8, 9)
@@ -75,6 +84,20 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                          batch_size=16, context=64, lr=1e-3, warmup=20,
                          weight_decay=1e-4, clip=1.0, steps=300,
                          checkpoint_every=50),
+    "llama": dict(model="llama", model_kwargs=dict(), data="python_source",
+                  batch_size=16, context=64, lr=3e-3, warmup=50,
+                  weight_decay=1e-4, clip=1.0, steps=800,
+                  checkpoint_every=100),
+    "llama_finetune": dict(model="llama", model_kwargs=dict(),
+                           data="english_prose", pretrain="llama",
+                           batch_size=16, context=64, lr=1e-3, warmup=20,
+                           weight_decay=1e-4, clip=1.0, steps=300,
+                           checkpoint_every=50),
+    "vit_bf16": dict(model="vit", model_kwargs=dict(classes=10,
+                                                    dtype="bfloat16"),
+                     data="digits", classes=_DIGITS, batch_size=64, lr=2e-3,
+                     warmup=50, weight_decay=1e-4, clip=1.0, steps=600,
+                     checkpoint_every=100),
     # Pretrained all-MiniLM-L6-v2 + new head, Python manual topics.
     "minilm_finetune": minilm_task.CONFIG,
 }
@@ -106,7 +129,7 @@ def scenario_config(name: str, **overrides: Any) -> dict[str, Any]:
   model_kwargs = dict(config["model_kwargs"], **overrides.pop(
       "model_kwargs", {}))
   config.update(overrides, model_kwargs=model_kwargs)
-  if config["model"] == "gpt":
+  if config["model"] in _LANGUAGE_MODELS:
     config["model_kwargs"]["context"] = config["context"]
   config["classes"] = list(config.get("classes", ())) or None
   return config
@@ -127,9 +150,10 @@ def _make_model(config: dict[str, Any], seed: int) -> nnx.Module:
 
 
 def _loss_fn(kind: str) -> Callable[[jax.Array, dict], jax.Array]:
-  if kind == "classification":
-    return lambda logits, batch: layers.cross_entropy(logits, batch["y"])
-  return lambda logits, batch: layers.cross_entropy(logits, batch["targets"])
+  """The loss on float32 logits (a bf16 model's are cast; float32's kept)."""
+  key = "y" if kind == "classification" else "targets"
+  return lambda logits, batch: layers.cross_entropy(
+      logits.astype(jnp.float32), batch[key])
 
 
 def _inputs(batch: dict) -> jax.Array:
@@ -252,7 +276,7 @@ def get_task(name: str = DEFAULT_SCENARIO, *, seed: int = 0,
 
 def _evaluate_classifier(forward, test: data_lib.ArrayDataset,
                          state: peat.TrainState) -> dict[str, float]:
-  logits = forward(state.params, test.x)
+  logits = forward(state.params, test.x).astype(jnp.float32)
   loss = float(layers.cross_entropy(logits, test.y))
   accuracy = float(np.mean(np.argmax(np.asarray(logits), -1) == test.y))
   return {"test_accuracy": accuracy, "test_loss": loss,
@@ -263,7 +287,8 @@ def _evaluate_lm(forward, windows: dict, state: peat.TrainState,
                  chunk: int = 64) -> dict[str, float]:
   losses = []
   for i in range(0, len(windows["tokens"]), chunk):
-    logits = forward(state.params, windows["tokens"][i:i + chunk])
+    logits = forward(state.params,
+                     windows["tokens"][i:i + chunk]).astype(jnp.float32)
     losses.append(float(layers.cross_entropy(
         logits, windows["targets"][i:i + chunk])) * len(logits))
   loss = sum(losses) / len(windows["tokens"])

@@ -90,6 +90,8 @@ from peat_jax.analyzer import reference_conv as reference_conv
 from peat_jax.analyzer import reference_cross_entropy as reference_cross_entropy
 from peat_jax.analyzer import reference_dot_general as reference_dot_general
 from peat_jax.analyzer import reference_gelu as reference_gelu
+from peat_jax.analyzer import reference_rope as reference_rope
+from peat_jax.analyzer import reference_silu as reference_silu
 from peat_jax.analyzer import reference_layer_norm as reference_layer_norm
 from peat_jax.analyzer import reference_matmul as reference_matmul
 from peat_jax.analyzer import reference_softmax as reference_softmax

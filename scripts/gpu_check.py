@@ -2,7 +2,9 @@
 
 One run, on a machine with an NVIDIA GPU: the environment, the build of the
 CPU and CUDA libraries against that machine's jax, the native-kernel tests
-on the GPU, two validate campaigns on the GPT scenario (a native CUDA KUT,
+on the GPU, a validate campaign on the bf16 Llama-style scenario (the native
+RMSNorm of Hugging Face's order, bf16 native on the GPU), two validate
+campaigns on the GPT scenario (a native CUDA KUT,
 and XLA's own float32 dot at DEFAULT precision against HIGHEST), and the
 timings of the Analyzer and of one playback checkpoint. Each step runs in
 its own process group with a time limit taken from one budget (8 minutes
@@ -45,7 +47,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NATIVE_KUT = "native:matmul:in_tf32"
 HANDLERS = ("PeatMatmulFwd", "PeatMatmulBwd", "PeatSoftmaxFwd",
             "PeatSoftmaxBwd", "PeatLayerNormFwd", "PeatLayerNormBwd",
-            "PeatConv2dFwd", "PeatConv2dBwd")
+            "PeatConv2dFwd", "PeatConv2dBwd", "PeatRmsNormFwd",
+            "PeatRmsNormBwd", "PeatSiluFwd", "PeatSiluBwd", "PeatRopeFwd",
+            "PeatRopeBwd")
+#: The bf16 campaign's KUT: the native RMSNorm of Hugging Face's Llama
+#: order (a correct port) at the bf16 llama's rms_norm sites.
+LLAMA_KUT = "native:rms_norm:hf"
 LIBRARIES = {"cpu": "_peat_kernels_cpu.so", "CUDA": "_peat_kernels_cuda.so"}
 BUDGET_S = 450.0  # + up to 20 s to stop a late step: within 8 minutes
 DRY_BUDGET_S = 3600.0
@@ -145,6 +152,15 @@ def plan(dry_run: bool, work: str, python: str, nvcc: bool = False
             "--timeout_s=120",
             f"--campaign_dir={os.path.join(work, 'campaign_native')}"),
            golden_highest, 300, 60, "device", _parse_campaign),
+      Step("campaign_llama_bf16", f"validate, llama in bf16 mixed "
+           f"precision (bf16 native on the GPU), {LLAMA_KUT} at its "
+           "rms_norm sites",
+           (python, "-m", "peat_jax.tools.validate", f"--kut={LLAMA_KUT}",
+            "--scenario=llama", "--steps=20", "--checkpoint_every=10",
+            "--frequencies=every", "--memory_limit_mb=32768",
+            "--startup_s=240", "--timeout_s=120",
+            f"--campaign_dir={os.path.join(work, 'campaign_llama_bf16')}"),
+           shared, 240, 60, "device", _parse_campaign),
       Step("campaign_xla_default", "validate, GPT, XLA's float32 dot at "
            "DEFAULT precision as the KUT, golden at HIGHEST",
            (python, os.path.join("scripts", "gpu_campaign.py"),

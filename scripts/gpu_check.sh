@@ -2,7 +2,8 @@
 # The GPU check of peat_jax: one run on a machine with an NVIDIA GPU (BUILD.md,
 # "GPU check"). Builds the CPU and CUDA libraries against that machine's jax
 # (PEAT_BUILD_CUDA=1, pip install --no-deps --no-build-isolation -e .), runs
-# tests/kernels on the GPU, two validate campaigns on the GPT scenario (the
+# tests/kernels on the GPU, a validate campaign on the bf16 llama scenario
+# (native:rms_norm:hf), two validate campaigns on the GPT scenario (the
 # native CUDA KUT, and XLA's own float32 dot at DEFAULT precision against
 # HIGHEST), and times peat.analyze and one playback checkpoint; all within 8
 # minutes (--budget_s). Writes OUT_DIR/summary.json, OUT_DIR/gpu_check.log and

@@ -28,8 +28,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMAT = "peat-gpu-check/1"
 STATUSES = ("ok", "failed", "timeout", "skipped")
 STEP_NAMES = ("env", "build", "build_check", "kernel_tests",
-              "campaign_native", "campaign_xla_default", "bench_analyzer",
-              "bench_playback")
+              "campaign_native", "campaign_llama_bf16",
+              "campaign_xla_default", "bench_analyzer", "bench_playback")
 OUT_FILES = ("summary.json", "gpu_check.log", "logs.tar.gz")
 NOT_SELECTED = "not selected (--only)"
 

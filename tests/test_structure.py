@@ -47,7 +47,7 @@ inject_tree injecting_kernel injection_params kernel_campaign nnx_task playback
 playback_many playback_ops profile read_campaign read_log rebuild_report reference
 reference_attention reference_conv reference_cross_entropy
 reference_dot_general reference_gelu reference_layer_norm reference_matmul
-reference_softmax register_kut replay resolve_kut restore_state runtime
+reference_rope reference_silu reference_softmax register_kut replay resolve_kut restore_state runtime
 saved_steps select_sites shard_kut sharded_playback signature_finalize
 signature_init signature_pure signature_update substitute tap validate
 verdict write_report

@@ -38,6 +38,8 @@ from peat_jax.analyzer.references import reference_cross_entropy as reference_cr
 from peat_jax.analyzer.references import reference_dot_general as reference_dot_general
 from peat_jax.analyzer.references import reference_fn as reference_fn
 from peat_jax.analyzer.references import reference_gelu as reference_gelu
+from peat_jax.analyzer.references import reference_rope as reference_rope
+from peat_jax.analyzer.references import reference_silu as reference_silu
 from peat_jax.analyzer.references import reference_layer_norm as reference_layer_norm
 from peat_jax.analyzer.references import reference_log_softmax as reference_log_softmax
 from peat_jax.analyzer.references import reference_rms_norm as reference_rms_norm

@@ -1,8 +1,12 @@
 """Kernels: KUT specs, golden kernels and kernels under test as JAX custom calls.
 
-Modules: ``kut`` (KUT specs -> substitutions and callables), ``native``
-(the native kernels and their variants: XLA FFI custom calls, C++ for CPU,
-CUDA and HIP for GPUs, sources in ``csrc/``), ``checks`` (float64
+Modules: ``kut`` (KUT specs -> substitutions and callables, parsed and
+checked once: ``checked``), ``_adapters`` (a site's call computed by a
+native kernel: dot_general as a batched matmul, NHWC convolutions),
+``native`` (the native kernels and their variants: matmul, conv2d,
+softmax, layer_norm, rms_norm, silu, rope; XLA FFI custom calls, C++ for
+CPU, CUDA and HIP for GPUs, sources in ``csrc/``), ``ports`` (plain-JAX
+ports as a cross-framework port gets them right or wrong), ``checks`` (float64
 references, tolerances and seeded inputs for checks of native variants),
 ``_ffi`` (every ``ffi_call`` of peat_jax, in one module), ``_variants``
 (the variants' names, codes and expected error models), ``_user`` (the

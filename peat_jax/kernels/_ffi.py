@@ -40,6 +40,12 @@ _TARGETS = {
     "PeatLayerNormBwd": "peat_layer_norm_bwd",
     "PeatConv2dFwd": "peat_conv2d_fwd",
     "PeatConv2dBwd": "peat_conv2d_bwd",
+    "PeatRmsNormFwd": "peat_rms_norm_fwd",
+    "PeatRmsNormBwd": "peat_rms_norm_bwd",
+    "PeatSiluFwd": "peat_silu_fwd",
+    "PeatSiluBwd": "peat_silu_bwd",
+    "PeatRopeFwd": "peat_rope_fwd",
+    "PeatRopeBwd": "peat_rope_bwd",
 }
 
 # Targets built for the CPU only: the deliberately broken kernel
@@ -221,6 +227,59 @@ def conv2d_bwd(x: jax.Array, w: jax.Array, dy: jax.Array,
                variant=np.int32(variant), tile=np.int32(tile),
                stride_h=np.int32(strides[0]), stride_w=np.int32(strides[1]),
                pad_top=np.int32(pad_tl[0]), pad_left=np.int32(pad_tl[1]))
+
+
+def rms_norm_fwd(x: jax.Array, scale: jax.Array, variant: int,
+                 eps: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(y, mean, rstd) of RMS norm over the last axis; mean, rstd float32.
+
+  ``scale`` is (..., D) with rows dividing x's rows; its dtype may differ
+  from x's. ``mean`` is the row mean subtracted (variant layer_norm; else 0).
+  """
+  stats = _sds(x.shape[:-1], jnp.float32)
+  return _call("peat_rms_norm_fwd", (_sds(x.shape, x.dtype), stats, stats),
+               x, scale, variant=np.int32(variant), eps=np.float32(eps))
+
+
+def rms_norm_bwd(x: jax.Array, scale: jax.Array, mean: jax.Array,
+                 rstd: jax.Array, dy: jax.Array,
+                 variant: int) -> tuple[jax.Array, jax.Array]:
+  """(dx, dscale) of RMS norm, dscale in scale's dtype."""
+  return _call("peat_rms_norm_bwd",
+               (_sds(x.shape, x.dtype), _sds(scale.shape, scale.dtype)),
+               x, scale, mean, rstd, dy, variant=np.int32(variant))
+
+
+def silu_fwd(x: jax.Array, up: jax.Array | None, variant: int) -> jax.Array:
+  """silu(x), or silu(x) * up (SwiGLU) when ``up`` is given."""
+  args = (x,) if up is None else (x, up)
+  return _call("peat_silu_fwd", _sds(x.shape, x.dtype), *args,
+               variant=np.int32(variant))
+
+
+def silu_bwd(dy: jax.Array, x: jax.Array, up: jax.Array | None,
+             variant: int) -> tuple[jax.Array, ...]:
+  """(dx,) or (dx, dup) of :func:`silu_fwd` given the cotangent dy."""
+  if up is None:
+    return (_call("peat_silu_bwd", _sds(x.shape, x.dtype), dy, x,
+                  variant=np.int32(variant)),)
+  return tuple(_call("peat_silu_bwd",
+                     (_sds(x.shape, x.dtype), _sds(up.shape, up.dtype)),
+                     dy, x, up, variant=np.int32(variant)))
+
+
+def rope_fwd(x: jax.Array, positions: jax.Array, variant: int,
+             theta: float) -> jax.Array:
+  """Rotary embedding of x (..., T, H, D) at int32 positions (..., T)."""
+  return _call("peat_rope_fwd", _sds(x.shape, x.dtype), x, positions,
+               variant=np.int32(variant), theta=np.float32(theta))
+
+
+def rope_bwd(dy: jax.Array, positions: jax.Array, variant: int,
+             theta: float) -> jax.Array:
+  """dx of :func:`rope_fwd`: the inverse rotation of dy."""
+  return _call("peat_rope_bwd", _sds(dy.shape, dy.dtype), dy, positions,
+               variant=np.int32(variant), theta=np.float32(theta))
 
 
 def broken_fwd(x: jax.Array, w: jax.Array, out: jax.ShapeDtypeStruct,

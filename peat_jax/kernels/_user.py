@@ -32,7 +32,7 @@ SOURCES = ("py", "ffi", "torch")
 #: Site kernels with an adapter for ``ffi:`` and ``torch:`` KUTs.
 ADAPTED_KERNELS = ("dot_general", "conv_general_dilated", "softmax",
                    "log_softmax", "layer_norm", "rms_norm", "attention",
-                   "gelu", "cross_entropy")
+                   "gelu", "cross_entropy", "silu", "rope")
 
 #: The KUT signature of each site kernel (docs/kernels.md).
 CONVENTIONS = {
@@ -48,8 +48,18 @@ CONVENTIONS = {
     "layer_norm": "kut(x, scale, bias, eps)",
     "rms_norm": "kut(x, scale, eps)",
     "attention": "kut(q, k, v, mask=None, *, bias=None, scale=None, "
-                 "is_causal=False) on [batch, length, heads, head_dim]",
+                 "is_causal=False) on [batch, length, heads, head_dim]; k "
+                 "and v may have fewer heads than q (grouped-query "
+                 "attention: q's heads a multiple of theirs)",
     "gelu": "kut(x, approximate=False)",
+    "silu": "kut(x) -> x * sigmoid(x), or kut(x, up) -> silu(x) * up (the "
+            "SwiGLU activation: x the gate projection, up the up "
+            "projection, same shape and dtype)",
+    "rope": "kut(x, positions, *, theta) on x [batch, length, heads, "
+            "head_dim] (head_dim even), positions int32 [length]: rotary "
+            "embedding of the two halves (GPT-NeoX / Llama layout), angles "
+            "positions * theta**(-2i/head_dim) in float32, one rounding to "
+            "x's dtype",
     "cross_entropy": "kut(logits, labels, reduction='mean')",
 }
 

@@ -226,6 +226,11 @@ def _rms_norm(lib: _Lib) -> Callable:
   def kut(x, scale, eps=1e-6):
     d = x.shape[-1]
     scale = jnp.ones((d,), x.dtype) if scale is None else scale
+    _floats(lib, x=x)
+    if jnp.dtype(scale.dtype) in _FLOATS:
+      # nnx.RMSNorm(dtype=x.dtype) applies its (float32) parameter in x's
+      # dtype: a bf16 model's site has a float32 scale and a bf16 x.
+      scale = scale.astype(x.dtype)
     _floats(lib, x=x, scale=scale)
     x2 = x.reshape(-1, d)
     op = _vjp(lib, _like(x2), lambda xs, y: xs, (_like(x2), _like(scale)),
@@ -253,6 +258,16 @@ def _attention(lib: _Lib) -> Callable:
                       f"got {q.shape}, {k.shape}, {v.shape}")
     b, t, h, d = q.shape
     s = k.shape[1]
+    hk = k.shape[2]
+    if hk != h:
+      # Grouped-query attention: query head j uses kv head j // (h // hk);
+      # the convention's k and v have q's heads (each kv head repeated).
+      if hk == 0 or h % hk or v.shape[2] != hk:
+        raise PeatError(f"KUT {lib.spec}: attention with {h} query heads "
+                        f"and {hk} key / {v.shape[2]} value heads; expected "
+                        "k and v with the same heads, a divisor of q's")
+      k = jnp.repeat(k, h // hk, axis=2)
+      v = jnp.repeat(v, h // hk, axis=2)
     full = (b, h, t, s)
     logit_bias = jnp.zeros(full, dt)
     if bias is not None:
@@ -266,6 +281,46 @@ def _attention(lib: _Lib) -> Callable:
     op = _vjp(lib, _sds((b, t, h, v.shape[-1]), dt), lambda xs, y: xs,
               (_like(q), _like(k), _like(v)), attrs)
     return op(q, k, v, logit_bias)
+  return kut
+
+
+def _silu(lib: _Lib) -> Callable:
+  """silu: ``x [N] -> y`` or SwiGLU ``x [N], up [N] -> y`` (flattened)."""
+  def kut(x, up=None):
+    if up is None:
+      _floats(lib, x=x)
+      args = (x.reshape(-1),)
+    else:
+      _floats(lib, x=x, up=up)
+      if tuple(up.shape) != tuple(x.shape):
+        raise PeatError(f"KUT {lib.spec}: the silu FFI convention takes x "
+                        f"and up of one shape; got {tuple(x.shape)} and "
+                        f"{tuple(up.shape)}")
+      args = (x.reshape(-1), up.reshape(-1))
+    op = _vjp(lib, _like(args[0]), lambda xs, y: xs,
+              tuple(_like(a) for a in args), {})
+    return op(*args).reshape(x.shape)
+  return kut
+
+
+def _rope(lib: _Lib) -> Callable:
+  """rope: ``x [B, T, H, D], positions int32 [T] -> y``; attribute theta."""
+  def kut(x, positions, theta=10000.0):
+    _floats(lib, x=x)
+    if x.ndim != 4 or x.shape[-1] % 2:
+      raise PeatError(f"KUT {lib.spec}: the rope FFI convention takes x of "
+                      "shape [batch, length, heads, head_dim] with an even "
+                      f"head_dim; got {tuple(x.shape)}")
+    positions = jnp.asarray(positions)
+    if (not jnp.issubdtype(positions.dtype, jnp.integer)
+        or tuple(positions.shape) != (x.shape[1],)):
+      raise PeatError(f"KUT {lib.spec}: the rope FFI convention takes "
+                      f"integer positions of shape [length] = "
+                      f"[{x.shape[1]}]; got {positions.dtype}"
+                      f"{list(positions.shape)}. Select other sites")
+    op = _vjp(lib, _like(x), lambda xs, y: xs, (_like(x),),
+              {"theta": np.float32(theta)})
+    return op(x, positions.astype(jnp.int32))
   return kut
 
 
@@ -293,7 +348,7 @@ _ADAPTERS = {
     "dot_general": _dot_general, "conv_general_dilated": _conv,
     "softmax": _rowwise, "log_softmax": _rowwise, "layer_norm": _layer_norm,
     "rms_norm": _rms_norm, "gelu": _gelu, "attention": _attention,
-    "cross_entropy": _cross_entropy,
+    "cross_entropy": _cross_entropy, "silu": _silu, "rope": _rope,
 }
 assert set(_ADAPTERS) == set(_user.ADAPTED_KERNELS)
 

@@ -25,6 +25,16 @@ VARIANT_CODES: types.MappingProxyType = types.MappingProxyType({
     "recip": 21,
     "welford": 22,
     "naive_var": 23,
+    "pairwise": 24,
+    "hf": 25,
+    "eps": 26,
+    "layer_norm": 27,
+    "tanh": 28,
+    "bf16": 29,
+    "swapped": 30,
+    "interleaved": 31,
+    "theta_500k": 32,
+    "offset": 33,
 })
 
 _GEMM = {
@@ -71,6 +81,37 @@ EXPECTED_ERROR_MODEL: types.MappingProxyType = types.MappingProxyType({
         "in_bf16": "precision:bf16",
         "rtz": "truncation",
         "ftz": "ftz",
+    }),
+    # The Llama-style kernels (csrc/rms_norm.cc, silu.cc, rope.cc; BUILD.md).
+    # Their golden kernels are the plain-JAX model code in the model's dtype
+    # (bf16 in a bf16 Llama): float32 inside, rounded once. The slips
+    # (rms_norm eps / layer_norm, rope theta_500k / offset) are "parameter":
+    # a constant of the computation differs.
+    "rms_norm": types.MappingProxyType({
+        "default": "reordering",
+        "pairwise": "reordering",
+        "hf": "reordering",
+        "acc_bf16": "accumulation:bf16",
+        "eps": "parameter",
+        "layer_norm": "parameter",
+    }),
+    "silu": types.MappingProxyType({
+        "default": "reordering",
+        "tanh": "reordering",
+        "bf16": "precision:bf16",
+        "fast_exp": "approximation",
+        # The SwiGLU gate and up projections swapped: silu(up) * x. No
+        # error model names an operand swap yet ("indexing" is about
+        # positions within one tensor); to be refined when the Detector
+        # gets one.
+        "swapped": "unknown",
+    }),
+    "rope": types.MappingProxyType({
+        "default": "reordering",
+        "hf": "reordering",
+        "interleaved": "indexing",
+        "theta_500k": "parameter",
+        "offset": "parameter",
     }),
 })
 

@@ -105,3 +105,106 @@ def gemm_rel_tol(variant: str, k: int, dtype: str) -> float:
   if variant == "rtz" and dtype == "float32":
     acc = 2.0**-53
   return 2 * (k * acc + 2 * inp + out)
+
+
+# ------------------------------------------- the Llama kernels' formulas
+#
+# Each variant's own formula, written once over an array module ``xp``
+# (numpy or jax.numpy): with numpy on float64 arrays it is the float64
+# reference of the forward; with jax.numpy under ``jax.enable_x64(True)``
+# ``jax.grad`` of it is the float64 reference of the backward. Variants that
+# only round differently (``pairwise``, ``hf``, ``acc_bf16``, ``tanh``,
+# ``bf16``, ``fast_exp``) have the default formula; the slips have their own.
+
+RMS_PORT_EPS = 1e-5          # rms_norm variant "eps": the port's constant
+ROPE_BASE_500K = 500000.0    # rope variant "theta_500k"
+
+
+def rms_norm_formula(x, scale, eps, variant="default", xp=np):
+  """x * rsqrt(mean(x**2) + eps) * scale as the variant computes it."""
+  if variant == "eps":
+    eps = RMS_PORT_EPS
+  if variant == "layer_norm":
+    x = x - xp.mean(x, axis=-1, keepdims=True)
+  return x / xp.sqrt(xp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def silu_formula(x, up=None, variant="default", xp=np):
+  """silu(x) [* up]; ``swapped``: silu(up) * x."""
+  if up is None:
+    return x / (1 + xp.exp(-x))
+  if variant == "swapped":
+    x, up = up, x
+  return x / (1 + xp.exp(-x)) * up
+
+
+def rope_angles(positions, d, theta, variant="default", xp=np, dtype=None):
+  """(..., T, 1, D/2) angles positions * theta**(-2i/D) of the variant."""
+  dtype = dtype or np.float64
+  if variant == "theta_500k":
+    theta = ROPE_BASE_500K
+  if variant == "offset":
+    positions = positions + 1
+  inv = float(theta) ** (-2.0 * xp.arange(d // 2, dtype=dtype) / d)
+  return positions.astype(dtype)[..., :, None, None] * inv
+
+
+def rope_formula(x, positions, theta, variant="default", xp=np):
+  """Rotary embedding of x (B, T, H, D) at positions (T,) or (B, T)."""
+  d = x.shape[-1]
+  a = rope_angles(positions, d, theta, variant, xp, x.dtype)
+  c, s = xp.cos(a), xp.sin(a)
+  if variant == "interleaved":  # GPT-J: pairs (2i, 2i + 1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return xp.stack([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).reshape(
+        x.shape)
+  x1, x2 = x[..., :d // 2], x[..., d // 2:]
+  return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+LLAMA_FORMULAS = {"rms_norm": rms_norm_formula, "silu": silu_formula,
+                  "rope": rope_formula}
+
+
+def llama_reference(kernel, *args, variant="default", **kwargs):
+  """float64 numpy forward of a Llama kernel's variant formula.
+
+  Float operands are upcast exactly (``f64``); integer ones (positions) and
+  scalars pass through.
+  """
+  args = [f64(a) if _is_float_array(a) else (np.asarray(a) if hasattr(
+      a, "dtype") else a) for a in args]
+  return LLAMA_FORMULAS[kernel](*args, variant=variant, xp=np, **kwargs)
+
+
+def llama_vjp_reference(kernel, args, cotangent, argnums, *,
+                        variant="default", **kwargs):
+  """float64 gradients (numpy) of a variant formula by ``jax.vjp``.
+
+  Args:
+    kernel: ``rms_norm``, ``silu`` or ``rope``.
+    args: the operands as given to the native kernel (any float dtype).
+    cotangent: the output cotangent.
+    argnums: positions in ``args`` of the operands to differentiate.
+    variant: the native variant whose formula is differentiated.
+    **kwargs: other arguments of the formula (eps, theta).
+
+  Returns:
+    A tuple of float64 arrays, one per argnum.
+  """
+  with jax.enable_x64(True):
+    vals = [jnp.asarray(f64(a)) if _is_float_array(a) else a for a in args]
+
+    def fn(*diff):
+      full = list(vals)
+      for i, v in zip(argnums, diff):
+        full[i] = v
+      return LLAMA_FORMULAS[kernel](*full, variant=variant, xp=jnp, **kwargs)
+
+    _, vjp = jax.vjp(fn, *[vals[i] for i in argnums])
+    grads = vjp(jnp.asarray(f64(cotangent)))
+    return tuple(np.asarray(g, np.float64) for g in grads)
+
+
+def _is_float_array(a) -> bool:
+  return hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)

@@ -9,6 +9,9 @@ A *KUT spec* names a kernel under test and where it runs in a training step:
 | ``native:conv2d:<variant>`` | forward ``conv_general_dilated`` (NHWC/HWIO, no dilation, one group) | native conv2d |
 | ``native:softmax:<variant>`` | composite ``softmax`` sites (forward) | native softmax |
 | ``native:layer_norm:<variant>`` | composite ``layer_norm`` sites (forward) | native layer norm (``eps`` passed through) |
+| ``native:rms_norm:<variant>`` | composite ``rms_norm`` sites (forward) | native RMS norm, ``kut(x, scale, eps)`` |
+| ``native:silu:<variant>`` | composite ``silu`` sites (forward) | native SiLU / SwiGLU, ``kut(x)`` or ``kut(x, up)`` |
+| ``native:rope:<variant>`` | composite ``rope`` sites (forward) | native rotary embedding, ``kut(x, positions, *, theta)`` |
 
 The user's own kernels (:mod:`peat_jax.kernels._user`, docs/kernels.md),
 each with the site kernel it replaces (``kernel=``; the parsed spec ends
@@ -72,7 +75,14 @@ _SITE_KERNEL = {
     "conv2d": "conv_general_dilated",
     "softmax": "softmax",
     "layer_norm": "layer_norm",
+    "rms_norm": "rms_norm",
+    "silu": "silu",
+    "rope": "rope",
 }
+
+# Native kernels without a tile: a spec of theirs with ``@<tile>`` is
+# refused (layer_norm's tile is accepted and ignored, as it always was).
+_UNTILED = frozenset({"rms_norm", "silu", "rope"})
 
 
 class KutSpec(NamedTuple):
@@ -234,6 +244,9 @@ def _parse_builtin(spec: str) -> KutSpec:
       tile = -1
     if tile < 1:
       raise _unknown(spec, f"tile {tile_s!r} is not a positive integer")
+    if kernel in _UNTILED:
+      raise _unknown(spec, f"native {kernel} has no tile; drop "
+                     f"'@{tile_s}'")
   return KutSpec(spec, "native", kernel, variant, tile, _SITE_KERNEL[kernel])
 
 
@@ -263,7 +276,10 @@ def as_spec(spec: "str | KutSpec", kernel: str | None = None) -> KutSpec:
 def _composite_adapter(fn: Callable, variant: str, tile: int | None,
                        kind: str) -> Callable:
   def kut(*args, **kwargs):
-    if kind == "layer_norm":
+    if kind == "layer_norm" or kind in _UNTILED:
+      # rms_norm: (x, scale, eps); silu: (x) or (x, up); rope: (x,
+      # positions, theta=...): the site kernels' conventions are the
+      # native functions' own.
       return fn(*args, variant=variant, **kwargs)
     opts = {} if tile is None else {"tile": tile}
     return fn(*args, variant=variant, **opts, **kwargs)

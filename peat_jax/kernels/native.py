@@ -11,6 +11,9 @@ Each function has the signature of its golden kernel plus keyword-only
 | ``softmax(x, axis=-1)`` | ``jax.nn.softmax(x, axis)`` |
 | ``layer_norm(x, scale, bias, eps)`` | layer norm over the last axis |
 | ``conv2d(x, w, strides, padding)`` | ``lax.conv_general_dilated`` NHWC/HWIO |
+| ``rms_norm(x, scale, eps)`` | ``flax.nnx.RMSNorm`` (float32 inside, one rounding) |
+| ``silu(x, up=None)`` | ``jax.nn.silu(x)`` (times ``up``: SwiGLU) |
+| ``rope(x, positions, theta=)`` | rotary embedding of the two halves (Llama-HF layout) |
 
 The variants (``variants(kernel)``) are real implementations of the choices
 ports make; ``EXPECTED_ERROR_MODEL[kernel][variant]`` names the error model
@@ -41,7 +44,8 @@ from peat_jax.kernels._variants import variants
 
 __all__ = [
     "EXPECTED_ERROR_MODEL", "NONDETERMINISTIC", "KERNELS", "DTYPES",
-    "conv2d", "kut", "layer_norm", "matmul", "softmax", "variants",
+    "conv2d", "kut", "layer_norm", "matmul", "rms_norm", "rope", "silu",
+    "softmax", "variants",
 ]
 
 DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16),
@@ -342,6 +346,207 @@ def conv2d(x: jax.Array, w: jax.Array, strides: Sequence[int] = (1, 1),
   return _conv2d(x, w, out_hw, strides, pad_tl, code, tile)
 
 
+# ---------------------------------------------------------------- rms norm
+
+
+def _check_float_array(kernel: str, name: str, x) -> jnp.dtype:
+  """One array of a supported float dtype (dtypes of operands may differ)."""
+  return _check_dtypes(kernel, **{name: x})
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rms_norm(x, scale, code, eps):
+  return _ffi.rms_norm_fwd(x, scale, code, eps)[0]
+
+
+def _rms_norm_fwd(x, scale, code, eps):
+  y, mean, rstd = _ffi.rms_norm_fwd(x, scale, code, eps)
+  return y, (x, scale, mean, rstd)
+
+
+def _rms_norm_bwd(code, eps, res, dy):
+  del eps  # in rstd
+  x, scale, mean, rstd = res
+  return _ffi.rms_norm_bwd(x, scale, mean, rstd, dy, code)
+
+
+_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array | None, eps: float = 1e-6, *,
+             variant: str = "default") -> jax.Array:
+  """RMS norm over the last axis: ``x * rsqrt(mean(x**2) + eps) * scale``.
+
+  Golden: ``flax.nnx.RMSNorm`` (float32 statistics and product, rounded once
+  to the output dtype). The KUT of ``rms_norm`` sites (``kut(x, scale,
+  eps)``).
+
+  Args:
+    x: (..., D) float32, bfloat16 or float16.
+    scale: (D,) float32, bfloat16 or float16 (may differ from x's dtype: a
+      bf16 model keeps a float32 scale), or None (no scale: ones).
+    eps: added to the mean square (a Python or numpy float; variant ``eps``
+      ignores it and uses 1e-5).
+    variant: one of ``variants("rms_norm")``.
+
+  Returns:
+    An array of x's shape and dtype.
+
+  Raises:
+    PeatError: unknown variant, bad eps, dtypes or shapes.
+  """
+  code = _check_variant("rms_norm", variant)
+  eps = _check_float("rms_norm", "eps", eps)
+  _check_float_array("rms_norm", "x", x)
+  if jnp.ndim(x) < 1:
+    raise PeatError(f"native rms_norm: x must have rank >= 1 (..., D), got "
+                    f"shape {jnp.shape(x)}.")
+  d = jnp.shape(x)[-1]
+  if scale is None:
+    scale = jnp.ones((d,), x.dtype)
+  _check_float_array("rms_norm", "scale", scale)
+  if jnp.shape(scale) != (d,):
+    raise PeatError(f"native rms_norm: expected x (..., D) and scale (D,), "
+                    f"got {jnp.shape(x)} and {jnp.shape(scale)}.")
+  return _rms_norm(x, scale, code, eps)
+
+
+# -------------------------------------------------------------------- silu
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _silu(x, code):
+  return _ffi.silu_fwd(x, None, code)
+
+
+def _silu_fwd(x, code):
+  return _ffi.silu_fwd(x, None, code), x
+
+
+def _silu_bwd(code, x, dy):
+  return _ffi.silu_bwd(dy, x, None, code)
+
+
+_silu.defvjp(_silu_fwd, _silu_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _swiglu(x, up, code):
+  return _ffi.silu_fwd(x, up, code)
+
+
+def _swiglu_fwd(x, up, code):
+  return _ffi.silu_fwd(x, up, code), (x, up)
+
+
+def _swiglu_bwd(code, res, dy):
+  x, up = res
+  return _ffi.silu_bwd(dy, x, up, code)
+
+
+_swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
+def silu(x: jax.Array, up: jax.Array | None = None, *,
+         variant: str = "default") -> jax.Array:
+  """SiLU ``x * sigmoid(x)``, or the SwiGLU activation ``silu(x) * up``.
+
+  Golden: ``jax.nn.silu(x)`` (times ``up``). The KUT of ``silu`` sites
+  (``kut(x)`` or ``kut(x, up)``).
+
+  Args:
+    x: float32, bfloat16 or float16 array (the gate projection).
+    up: None, or the up projection: x's shape and dtype.
+    variant: one of ``variants("silu")`` (``swapped`` computes
+      ``silu(up) * x``; without ``up`` it is ``default``).
+
+  Returns:
+    An array of x's shape and dtype.
+
+  Raises:
+    PeatError: unknown variant, dtypes or shapes.
+  """
+  code = _check_variant("silu", variant)
+  if up is None:
+    _check_dtypes("silu", x=x)
+    return _silu(x, code)
+  _check_dtypes("silu", x=x, up=up)
+  if jnp.shape(x) != jnp.shape(up):
+    raise PeatError(f"native silu: up must have x's shape, got x "
+                    f"{jnp.shape(x)} and up {jnp.shape(up)}.")
+  return _swiglu(x, up, code)
+
+
+# -------------------------------------------------------------------- rope
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _rope(x, positions, code, theta):
+  return _ffi.rope_fwd(x, positions, code, theta)
+
+
+def _rope_fwd(x, positions, code, theta):
+  return _ffi.rope_fwd(x, positions, code, theta), positions
+
+
+def _rope_bwd(code, theta, positions, dy):
+  # positions are integers: no cotangent.
+  return _ffi.rope_bwd(dy, positions, code, theta), None
+
+
+_rope.defvjp(_rope_fwd, _rope_bwd)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float = 10000.0, *,
+         variant: str = "default") -> jax.Array:
+  """Rotary position embedding of the two halves (GPT-NeoX / Llama-HF).
+
+  With ``h = D // 2``, ``inv_freq[i] = theta ** (-2 i / D)`` and
+  ``angle[t, i] = positions[t] * inv_freq[i]`` (float32): ``out[..., :h] =
+  x1 * cos - x2 * sin``, ``out[..., h:] = x2 * cos + x1 * sin`` (``x1, x2``
+  the halves), float32 inside, rounded once to x's dtype. The KUT of
+  ``rope`` sites (``kut(x, positions, *, theta)``; theta may also come
+  third positionally, as a model's ``rope(x, positions, theta)`` call
+  passes it).
+
+  Args:
+    x: (B, T, H, D) float32, bfloat16 or float16, D even.
+    positions: int32 (T,), or (B, T) per sequence.
+    theta: the rotary base (positive float; ``theta_500k`` ignores it).
+    variant: one of ``variants("rope")``.
+
+  Returns:
+    An array of x's shape and dtype.
+
+  Raises:
+    PeatError: unknown variant, bad theta, dtypes or shapes (odd D,
+      positions not of length T).
+  """
+  code = _check_variant("rope", variant)
+  theta = _check_float("rope", "theta", theta)
+  if not theta > 0:
+    raise PeatError(f"native rope: theta must be positive, got {theta}.")
+  _check_dtypes("rope", x=x)
+  if jnp.ndim(x) != 4:
+    raise PeatError(f"native rope: expected x (B, T, H, D), got shape "
+                    f"{jnp.shape(x)}.")
+  b, t, _, d = jnp.shape(x)
+  if d % 2:
+    raise PeatError(f"native rope: the head dim D must be even (two halves "
+                    f"rotate), got x {jnp.shape(x)} with D={d}.")
+  if not hasattr(positions, "dtype"):
+    raise PeatError(f"native rope: positions must be an int32 array, got "
+                    f"{type(positions).__name__}.")
+  if jnp.dtype(positions.dtype) != jnp.int32:
+    raise PeatError(f"native rope: positions has dtype {positions.dtype}; "
+                    "expected int32. Cast it with .astype(jnp.int32).")
+  if jnp.shape(positions) not in ((t,), (b, t)):
+    raise PeatError(f"native rope: positions must be (T,) or (B, T) = "
+                    f"({t},) or ({b}, {t}) for x {jnp.shape(x)}, got "
+                    f"{jnp.shape(positions)}.")
+  return _rope(x, positions, code, theta)
+
+
 # ------------------------------------------------------------------ broken
 
 
@@ -381,6 +586,9 @@ KERNELS: dict[str, Callable[..., jax.Array]] = {
     "softmax": softmax,
     "layer_norm": layer_norm,
     "conv2d": conv2d,
+    "rms_norm": rms_norm,
+    "silu": silu,
+    "rope": rope,
 }
 
 

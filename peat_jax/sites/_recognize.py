@@ -10,7 +10,8 @@ calls (:mod:`peat_jax.sites._composite`), as if the model had used
 | ``jax.nn.softmax(x, axis)`` | ``softmax`` | ``(x)`` or ``(x, axis=a)`` |
 | ``jax.nn.log_softmax(x, axis)`` | ``log_softmax`` | ``(x)`` or ``(x, axis=a)`` |
 | ``jax.nn.gelu(x, approximate)`` | ``gelu`` | ``(x)`` (erf) or ``(x, approximate=True)`` (tanh) |
-| ``jax.nn.dot_product_attention`` (also ``nnx.MultiHeadAttention``'s) | ``attention`` | ``(q, k, v[, mask], *, [bias=], [scale=], [is_causal=True])`` |
+| ``jax.nn.silu(x)`` (also ``jax.nn.swish``, the same function) | ``silu`` | ``(x)`` |
+| ``jax.nn.dot_product_attention`` (also ``nnx.MultiHeadAttention``'s; k and v may have fewer heads: grouped-query attention) | ``attention`` | ``(q, k, v[, mask], *, [bias=], [scale=], [is_causal=True])`` |
 | ``nnx.LayerNorm`` | ``layer_norm`` | ``(x, scale, bias, eps)`` |
 | ``nnx.RMSNorm`` | ``rms_norm`` | ``(x, scale, eps)`` |
 | ``optax.softmax_cross_entropy[_with_integer_labels]`` | ``cross_entropy`` | ``(logits, labels, reduction="none")`` |
@@ -110,7 +111,7 @@ def _attention(orig: Callable):
     scale, causal = a.get("scale"), a.get("is_causal", False)
     impl = a.get("implementation")
     if (not all(_is_array(t) and np.ndim(t) == 4 for t in (q, k, v))
-        or q.shape[2] != k.shape[2] or k.shape[2] != v.shape[2]
+        or q.shape[2] % k.shape[2] or k.shape[2] != v.shape[2]
         or any(a.get(n) is not None for n in (
             "query_seq_lengths", "key_value_seq_lengths",
             "local_window_size"))
@@ -134,6 +135,14 @@ def _attention(orig: Callable):
       kw["is_causal"] = True
     return "attention", golden, (q, k, v) + (() if mask is None
                                              else (mask,)), kw
+  return mapper
+
+
+def _silu(orig: Callable):
+  def mapper(x):
+    if not _is_array(x):
+      return None
+    return "silu", lambda x: orig(x), (x,), {}  # noqa: E731
   return mapper
 
 
@@ -219,6 +228,7 @@ def _function_targets() -> list[tuple[Callable, Callable]]:
       (jax.nn.softmax, _softmax_like("softmax", jax.nn.softmax)),
       (jax.nn.log_softmax, _softmax_like("log_softmax", jax.nn.log_softmax)),
       (jax.nn.gelu, _gelu(jax.nn.gelu)),
+      (jax.nn.silu, _silu(jax.nn.silu)),
       (jax.nn.dot_product_attention, _attention(jax.nn.dot_product_attention)),
       (optax.softmax_cross_entropy_with_integer_labels, _cross_entropy(
           optax.softmax_cross_entropy_with_integer_labels, True)),
@@ -320,5 +330,5 @@ def recognition(enabled: bool = True):
     _local.off = old
 
 
-KINDS = ("softmax", "log_softmax", "gelu", "attention", "layer_norm",
+KINDS = ("softmax", "log_softmax", "gelu", "silu", "attention", "layer_norm",
          "rms_norm", "cross_entropy")

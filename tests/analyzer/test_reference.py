@@ -82,6 +82,50 @@ def test_attention_matches_numpy():
                              rtol=1e-13, atol=1e-15)
 
 
+def test_grouped_query_attention_matches_numpy():
+  """Four query heads over two key/value heads: head j uses kv head j // 2,
+  as jax.nn.dot_product_attention does (its float32 result agrees)."""
+  q, k, v = _rand((2, 6, 4, 8), 20), _rand((2, 6, 2, 8), 21), _rand(
+      (2, 6, 2, 8), 22)
+  r = R.reference_attention(q, k, v, is_causal=True)
+  q64, k64, v64 = (z.astype(np.float64) for z in (q, k, v))
+  out = np.empty(q.shape)
+  causal = np.tril(np.ones((6, 6), bool))
+  for j in range(4):
+    lg = np.einsum("btd,bsd->bts", q64[:, :, j], k64[:, :, j // 2]) / math.sqrt(8)
+    lg = np.where(causal, lg, -np.inf)
+    w = np.exp(lg - lg.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    out[:, :, j] = np.einsum("bts,bsd->btd", w, v64[:, :, j // 2])
+  np.testing.assert_allclose(r, out, rtol=1e-13, atol=1e-15)
+  xla = np.asarray(jax.nn.dot_product_attention(q, k, v, is_causal=True))
+  np.testing.assert_allclose(xla, out, rtol=0, atol=1e-5 * np.abs(out).max())
+  with pytest.raises(PeatError, match="multiple of k's"):
+    R.reference_attention(q, _rand((2, 6, 3, 8), 23), _rand((2, 6, 3, 8), 24))
+
+
+@pytest.mark.parametrize("theta", [10000.0, 500000.0])
+def test_rope_rotates_halves_in_float64(theta):
+  x = _rand((2, 5, 3, 8), 25)
+  pos = np.arange(5, dtype=np.int32) + 3
+  r = R.reference_rope(x, pos, theta)
+  x64 = x.astype(np.float64)
+  out = np.empty_like(x64)
+  for i in range(4):
+    ang = pos * theta ** (-2 * i / 8)
+    c, s = np.cos(ang)[None, :, None], np.sin(ang)[None, :, None]
+    out[..., i] = x64[..., i] * c - x64[..., 4 + i] * s
+    out[..., 4 + i] = x64[..., 4 + i] * c + x64[..., i] * s
+  np.testing.assert_allclose(r, out, rtol=1e-12, atol=1e-14)
+  # A rotation keeps each (i, i + D/2) pair's norm.
+  np.testing.assert_allclose(np.hypot(r[..., :4], r[..., 4:]),
+                             np.hypot(x64[..., :4], x64[..., 4:]), rtol=1e-13)
+  with pytest.raises(PeatError, match="even head_dim"):
+    R.reference_rope(_rand((2, 5, 3, 7), 26), pos, theta)
+  with pytest.raises(PeatError, match="one per token"):
+    R.reference_rope(x, pos[:4], theta)
+
+
 def test_cross_entropy_forms():
   z = _rand((6, 10), 13)
   y = np.arange(6) % 10
@@ -99,7 +143,7 @@ def test_generic_reference_and_registry():
   assert out.dtype == np.float64
   assert out == np.float64(np.float32(0.1))**2
   for name in ("matmul", "conv", "softmax", "layer_norm", "attention",
-               "gelu", "cross_entropy"):
+               "gelu", "silu", "rope", "cross_entropy"):
     assert callable(R.REFERENCES[name])
 
 

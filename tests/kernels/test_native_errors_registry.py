@@ -72,7 +72,8 @@ def test_ffi_attribute_types_are_checked_by_the_handler():
 
 
 def test_registry_and_expected_models():
-  assert set(native.KERNELS) == {"matmul", "softmax", "layer_norm", "conv2d"}
+  assert set(native.KERNELS) == {"matmul", "softmax", "layer_norm", "conv2d",
+                                 "rms_norm", "silu", "rope"}
   models = {"accumulation:fp16", "accumulation:bf16", "precision:bf16",
             "precision:tf32", "precision:fp16", "truncation", "ftz",
             "indexing", "nondeterminism", "reordering"}

@@ -14,8 +14,17 @@ SMALL = {
     "vit": dict(batch_size=32, model_kwargs=dict(dim=32, depth=1, heads=2)),
     "gpt": dict(batch_size=4, context=32,
                 model_kwargs=dict(dim=32, depth=1, heads=2)),
+    "llama": dict(batch_size=4, context=32,
+                  model_kwargs=dict(dim=32, depth=1, heads=4, kv_heads=2,
+                                    hidden=64)),
+    "vit_bf16": dict(batch_size=32, model_kwargs=dict(dim=32, depth=1,
+                                                      heads=2)),
 }
-OUT_SHAPE = {"cnn": (32, 10), "vit": (32, 10), "gpt": (4, 32, 256)}
+OUT_SHAPE = {"cnn": (32, 10), "vit": (32, 10), "gpt": (4, 32, 256),
+             "llama": (4, 32, 256), "vit_bf16": (32, 10)}
+#: The compute dtype of each scenario's outputs (bf16 mixed precision:
+#: float32 parameters, bfloat16 activations).
+OUT_DTYPE = {"llama": jnp.bfloat16, "vit_bf16": jnp.bfloat16}
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -25,8 +34,12 @@ def test_forward_shapes_and_finite(name):
   batch = task.batch_at(0)
   inputs = batch["x"] if "x" in batch else batch["tokens"]
   out = jax.jit(task.model_fn)(state.params, inputs)
-  assert out.shape == OUT_SHAPE[name] and out.dtype == jnp.float32
+  assert out.shape == OUT_SHAPE[name]
+  assert out.dtype == OUT_DTYPE.get(name, jnp.float32)
   assert bool(jnp.isfinite(out).all())
+  # Parameters stay float32 in every scenario (bf16 ones compute in bf16).
+  assert {x.dtype for x in jax.tree.leaves(state.params)} == {
+      jnp.dtype(jnp.float32)}
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
@@ -42,6 +55,52 @@ def test_train_step_learns_without_recompiling(name):
   assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5]), losses
   assert set(metrics) >= {"loss", "grad_norm", "update_norm"}
   assert all(np.isfinite(float(v)) for v in metrics.values())
+
+
+@pytest.mark.parametrize("name", ["llama", "vit_bf16"])
+def test_bf16_scenarios_compute_in_bf16_with_a_float32_loss(name):
+  """Every site of the forward pass but the loss has bfloat16 outputs; the
+  loss (cross-entropy of the logits cast to float32) is float32, and so are
+  the gradients and the optimizer's update."""
+  task = models.get_task(name, **SMALL[name])
+  state = task.init_state(0)
+  batch = task.batch_at(0)
+  table = peat.discover_sites(task.step_fn, state, batch)
+  kinds = ("dot_general", "attention", "rms_norm", "layer_norm", "silu",
+           "rope", "gelu", "softmax")
+  # Sites of the model itself, not the golden kernels' insides (XLA's
+  # attention computes its logits in float32).
+  fwd = [s for s in table if s.phase == "fwd" and s.kernel in kinds
+         and not set(s.path.split("/")) & {"attention"}]
+  assert fwd and {d for s in fwd for d in s.out_dtypes} == {"bfloat16"}
+  ce = [s for s in table if s.phase == "fwd" and s.kernel == "cross_entropy"]
+  assert [s.in_dtypes[0] for s in ce] == ["float32"]
+  new, metrics = task.train_step(state, batch)
+  assert metrics["loss"].dtype == jnp.float32
+  assert {x.dtype for x in jax.tree.leaves(new.params)} == {
+      jnp.dtype(jnp.float32)}
+
+
+def test_llama_has_its_kernels_as_sites():
+  """RMSNorm (nnx.RMSNorm, recognized), RoPE on queries and keys (fewer key
+  heads), grouped-query attention through jax.nn.dot_product_attention,
+  the SwiGLU activation as a silu site with two operands; no biases."""
+  task = models.get_task("llama", **SMALL["llama"])
+  state = task.init_state(0)
+  table = peat.discover_sites(task.step_fn, state, task.batch_at(0))
+  fwd = {}
+  for s in table:
+    if s.phase == "fwd":
+      fwd.setdefault(s.kernel, []).append(s)
+  assert len(fwd["rms_norm"]) == 3  # two per block and the final one
+  assert [s.in_shapes[0] for s in fwd["rope"]] == [(4, 32, 4, 8),
+                                                   (4, 32, 2, 8)]
+  (att,) = fwd["attention"]
+  assert att.in_shapes == ((4, 32, 4, 8), (4, 32, 2, 8), (4, 32, 2, 8))
+  (act,) = fwd["silu"]
+  assert act.in_shapes == ((4, 32, 64), (4, 32, 64))
+  assert not any("bias" in "/".join(map(str, p)) for p, _ in
+                 jax.tree_util.tree_flatten_with_path(state.params)[0])
 
 
 def test_step_fn_is_pure():

@@ -95,6 +95,10 @@ def test_gpu_commands():
   assert f"--kut={check.NATIVE_KUT}" in steps["campaign_native"][1]
   assert check.NATIVE_KUT.startswith("native:")
   assert "--precision=default" in steps["campaign_xla_default"][1]
+  env, argv = steps["campaign_llama_bf16"]
+  assert env["JAX_PLATFORMS"] == "cuda,cpu"
+  assert "JAX_DEFAULT_MATMUL_PRECISION" not in env  # bf16 dots as trained
+  assert {"--scenario=llama", f"--kut={check.LLAMA_KUT}"} <= set(argv)
   env, argv = steps["bench_analyzer"]
   assert env["JAX_PLATFORMS"] == "cuda,cpu" and "--sizes=4096,8192" in argv
   env, argv = steps["bench_playback"]
@@ -293,7 +297,8 @@ def test_dry_run_runs_every_step_on_the_cpu(tmp_path):
   assert not bad and res.returncode == 0, bad
   assert steps["kernel_tests"]["results"]["totals"]["failed"] == 0
   assert steps["kernel_tests"]["results"]["totals"]["passed"] > 400
-  for name in ("campaign_native", "campaign_xla_default"):
+  for name in ("campaign_native", "campaign_llama_bf16",
+               "campaign_xla_default"):
     assert steps[name]["results"]["verdict"] in ("pass", "warn", "fail")
   # On a CPU, DEFAULT and HIGHEST dots compute the same thing.
   assert set(steps["campaign_xla_default"]["results"]["models"]) == {"exact"}

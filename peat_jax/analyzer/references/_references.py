@@ -256,10 +256,14 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
   out[b, t, h, :] = sum_s softmax_s(scale * <q[b,t,h], k[b,s,h]> + bias
   (masked: -inf where mask is False)) v[b, s, h, :].
 
+  With fewer key/value heads than query heads (grouped-query attention,
+  ``Hk`` dividing ``H``) query head ``j`` attends with key/value head
+  ``j // (H // Hk)``, as ``jax.nn.dot_product_attention``.
+
   Args:
     q: queries (B, T, H, D).
-    k: keys (B, S, H, D).
-    v: values (B, S, H, Dv).
+    k: keys (B, S, Hk, D).
+    v: values (B, S, Hk, Dv).
     mask: optional boolean mask broadcastable to (B, H, T, S); True keeps.
     scale: logit scale (default 1 / sqrt(D)).
     bias: optional additive logit bias broadcastable to (B, H, T, S).
@@ -277,11 +281,14 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
       raise PeatError(
           f"attention: {name} has shape {np.shape(x)}; expected 4-D (batch, "
           "length, heads, head_dim) as in flax. Fix: reshape to that layout.")
-  if np.shape(q)[-1] != np.shape(k)[-1] or np.shape(k)[1] != np.shape(v)[1]:
+  if (np.shape(q)[-1] != np.shape(k)[-1] or np.shape(k)[1] != np.shape(v)[1]
+      or np.shape(k)[2] != np.shape(v)[2]
+      or np.shape(q)[2] % np.shape(k)[2]):
     raise PeatError(
         f"attention: q {np.shape(q)}, k {np.shape(k)}, v {np.shape(v)} "
-        "disagree; expected q and k to share head_dim and k and v to share "
-        "length. Fix: pass the site's q, k, v in that order.")
+        "disagree; expected q and k to share head_dim, k and v to share "
+        "length and heads, and q's heads to be a multiple of k's. Fix: pass "
+        "the site's q, k, v in that order.")
   if is_causal:
     causal = np.tril(np.ones((np.shape(q)[1], np.shape(k)[1]), bool))
     mask = causal if mask is None else np.logical_and(np.asarray(mask),
@@ -293,6 +300,9 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
 
 def _attention64(qq, kk, vv, m=None, scale: float | None = None, bb=None):
   sc = 1.0 / math.sqrt(np.shape(qq)[-1]) if scale is None else float(scale)
+  groups = np.shape(qq)[2] // np.shape(kk)[2]
+  if groups > 1:  # grouped-query attention: each kv head serves a group
+    kk, vv = jnp.repeat(kk, groups, axis=2), jnp.repeat(vv, groups, axis=2)
   hp = lax.Precision.HIGHEST
   logits = jnp.einsum("bthd,bshd->bhts", qq, kk, precision=hp) * sc
   if bb is not None:
@@ -319,6 +329,59 @@ def reference_gelu(x, approximate: bool = False) -> np.ndarray:
 
 def _gelu64(x, approximate: bool = False):
   return jax.nn.gelu(x, approximate=approximate)
+
+
+def reference_silu(x, up=None) -> np.ndarray:
+  """float64 SiLU, ``x * sigmoid(x)``, times ``up`` when given (SwiGLU).
+
+  Args:
+    x: input (the gate projection for SwiGLU).
+    up: optional multiplier of x's shape (the up projection).
+
+  Returns:
+    float64 array of x's shape.
+  """
+  return reference(_silu64, x, up)
+
+
+def _silu64(x, up=None):
+  y = x * jax.nn.sigmoid(x)
+  return y if up is None else y * up
+
+
+def reference_rope(x, positions, theta: float = 10000.0) -> np.ndarray:
+  """float64 rotary embedding of the two halves (GPT-NeoX / Llama layout).
+
+  Args:
+    x: (B, T, H, D), D even.
+    positions: integer positions (T,).
+    theta: the rotary base.
+
+  Returns:
+    float64 array of x's shape.
+
+  Raises:
+    PeatError: x is not 4-D with an even last axis, or positions' length
+      is not x's.
+  """
+  if np.ndim(x) != 4 or np.shape(x)[-1] % 2:
+    raise PeatError(f"rope: x has shape {np.shape(x)}; expected (batch, "
+                    "length, heads, head_dim) with an even head_dim")
+  if np.shape(positions) != (np.shape(x)[1],):
+    raise PeatError(f"rope: positions have shape {np.shape(positions)}; "
+                    f"expected ({np.shape(x)[1]},), one per token")
+  return reference(lambda v, p: _rope64(v, p, theta), x, positions)
+
+
+def _rope64(x, positions, theta: float = 10000.0):
+  d = x.shape[-1]
+  h = d // 2
+  inv_freq = jnp.asarray(theta, x.dtype) ** (
+      -jnp.arange(h, dtype=x.dtype) * (2.0 / d))
+  angle = positions.astype(x.dtype)[:, None] * inv_freq[None, :]
+  cos, sin = jnp.cos(angle)[None, :, None], jnp.sin(angle)[None, :, None]
+  x1, x2 = x[..., :h], x[..., h:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 def reference_cross_entropy(logits, labels,
@@ -393,6 +456,8 @@ REFERENCES: dict[str, Callable[..., np.ndarray]] = {
     "rms_norm": reference_rms_norm,
     "attention": reference_attention,
     "gelu": reference_gelu,
+    "silu": reference_silu,
+    "rope": reference_rope,
     "cross_entropy": reference_cross_entropy,
 }
 
@@ -408,6 +473,8 @@ TRACED_REFERENCES: dict[str, Callable[..., Any]] = {
     "rms_norm": _rms_norm64,
     "attention": _attention_call64,
     "gelu": _gelu64,
+    "silu": _silu64,
+    "rope": _rope64,
     "cross_entropy": _cross_entropy_call64,
 }
 

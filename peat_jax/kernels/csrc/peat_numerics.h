@@ -44,6 +44,16 @@ enum Variant : int32_t {
   kRecip = 21,           // softmax: multiply by 1/sum instead of divide
   kWelford = 22,         // layer norm: one-pass Welford mean/variance
   kNaiveVar = 23,        // layer norm: E[x^2] - E[x]^2 variance
+  kPairwise = 24,        // rms norm: pairwise (tree) sum of squares
+  kHf = 25,              // rms norm, rope: Hugging Face Llama roundings
+  kEps = 26,             // rms norm: the port's own eps 1e-5
+  kLayerNorm = 27,       // rms norm: subtracts the row mean (a LayerNorm)
+  kTanh = 28,            // silu: x * 0.5 * (1 + tanh(x / 2))
+  kBf16 = 29,            // silu: every operation rounded to bfloat16
+  kSwapped = 30,         // silu: SwiGLU gate and up swapped
+  kInterleaved = 31,     // rope: GPT-J layout, pairs (2i, 2i + 1)
+  kTheta500k = 32,       // rope: base 500000 whatever theta is given
+  kOffset = 33,          // rope: positions + 1
 };
 
 enum class Rounding { kNearest, kTowardZero };
@@ -199,6 +209,19 @@ PEAT_HD float LoadElem(const void* base, int64_t i, Elem t) {
       return Bf16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
     default:
       return Fp16BitsToFloat(static_cast<const uint16_t*>(base)[i]);
+  }
+}
+
+// Rounds a float to the values of an element type (round to nearest-even):
+// the value a port that computes in that type holds after one operation.
+PEAT_HD float RoundAs(float x, Elem t) {
+  switch (t) {
+    case Elem::kF32:
+      return x;
+    case Elem::kBf16:
+      return RoundBf16(x);
+    default:
+      return RoundFp16(x);
   }
 }
 
