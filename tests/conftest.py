@@ -17,6 +17,30 @@ def _bounded_mappings():
   core.release_compiled()
 
 
+#: Tests the CI job leaves to the slow set, by measured duration
+#: (tests/ci_slow.txt: node ids or module paths, with their seconds).
+CI_SLOW_LIST = os.path.join(os.path.dirname(__file__), "ci_slow.txt")
+
+
+def ci_slow_entries(path: str = CI_SLOW_LIST) -> list[str]:
+  """The node ids and module paths listed in ``path`` (comments and blank
+  lines left out)."""
+  with open(path, encoding="utf-8") as f:
+    return [ln.split("#", 1)[0].strip() for ln in f
+            if ln.split("#", 1)[0].strip()]
+
+
+def pytest_collection_modifyitems(config, items):
+  """Marks the tests of tests/ci_slow.txt ``slow`` (the CI job deselects
+  them with ``-m 'not slow'``; ``./test.sh -m slow`` runs them)."""
+  del config
+  entries = set(ci_slow_entries())
+  for item in items:
+    if (item.nodeid in entries
+        or item.nodeid.split("::", 1)[0] in entries):
+      item.add_marker(pytest.mark.slow)
+
+
 def pytest_configure(config):
   del config
   # absl flags are unparsed under pytest; tools' tests parse explicit lists.

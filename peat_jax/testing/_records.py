@@ -26,7 +26,7 @@ The rule, one class per field (:data:`FIELD_CLASSES`):
   envelope calibrated on it, the noise ratio, bit-position and ULP
   histograms, bitwise-equality counts): magnitudes and counts within a
   factor ``4`` (counts plus 8), shares within ``0.25`` absolute, and the
-  maximum of golden's relative error (an extreme value over elements near
+  maximum and mean of golden's relative error (dominated by elements near
   zero) within a factor ``16``.
 
 A field no class names fails the comparison: a new field is classified on
@@ -88,12 +88,14 @@ n_small_err_test
 """
 #: The machine's own rounding, and what is measured in its units.
 _ROUNDING_MAGNITUDE = """
-ref_golden_abs_max ref_golden_abs_rms ref_golden_rel_mean noise_ratio
+ref_golden_abs_max ref_golden_abs_rms noise_ratio
 env_theta env_theta_golden env_golden_z z_med_test z_med_golden
 """
-#: Maxima of golden's relative error: extreme values over elements near
-#: zero, where one element's last bit moves the ratio several times.
-_ROUNDING_EXTREME = "rel_max_golden"
+#: The maximum and the mean of golden's relative error: over elements near
+#: zero one element's last bit moves the ratio several times, and the mean
+#: with it (under XLA:CPU's AVX code path instead of AVX2 the GPT backward
+#: fixture's mean moved 5.1x: 1.84e-06 -> 3.60e-07).
+_ROUNDING_EXTREME = "rel_max_golden ref_golden_rel_mean"
 
 _ROUNDING_BOUNDED = """
 share_test_closer share_golden_closer ref_golden_shrunk ref_golden_grown
