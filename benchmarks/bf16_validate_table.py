@@ -112,16 +112,7 @@ def _worst(results):
   return recs[0] if recs else None
 
 
-def _fitted(record) -> str:
-  port = record.signature.get("port") if record else None
-  sig = record.signature if record else {}
-  del sig
-  if not port:
-    return ""
-  return str(port.get("name", ""))
-
-
-def _row(results, spec, kind, what, seconds):
+def _row(results, directory, spec, kind, what, seconds):
   worst = _worst(results)
   runs = [r for r in results.runtime if r.frequency]
   vs_bf16 = None
@@ -129,9 +120,11 @@ def _row(results, spec, kind, what, seconds):
     sig = r.extra.get("significance") or {}
     if sig.get("vs_bf16") is not None:
       vs_bf16 = sig["vs_bf16"]
-  raw = results.report
   site = worst.site if worst else "-"
-  rec = next((r for r in raw.get("records", []) if r.get("site") == site
+  recs = peat.profiler.read_records(os.path.join(directory,
+                                                 "playback.msgpack"))
+  rec = next((r for r in recs if r.get("kind") == "site"
+              and r.get("site") == site
               and r.get("step") == (worst.step if worst else None)), {})
   port = rec.get("port") or {}
   secondary = ((rec.get("diagnosis") or {}).get("secondary") or {}).get(
@@ -141,6 +134,7 @@ def _row(results, spec, kind, what, seconds):
           "model": worst.model if worst else "-",
           "secondary": secondary,
           "probe": port.get("name", "") if port.get("explains") else "",
+          "estimate": port.get("estimate") if port.get("explains") else None,
           "noise_ratio": worst.noise_ratio if worst else None,
           "vs_bf16": vs_bf16, "site": site, "seconds": round(seconds, 1),
           "summary": results.verdict.summary}
@@ -178,20 +172,23 @@ def main(argv):
                     checkpoint_every=_EVERY.value, frequencies=("every",),
                     isolate=False, scenario=scen, progress=None)
       res = peat.read_campaign(d)
-      row = _row(res, spec, kind or "", what, time.time() - t0)
+      row = _row(res, d, spec, kind or "", what, time.time() - t0)
     except peat.PeatError as e:
       row = {"kut": spec, "kernel": kind or "", "what": what,
              "verdict": "error", "model": "-", "secondary": "", "probe": "",
+             "estimate": None,
              "noise_ratio": None, "vs_bf16": None, "site": "-",
              "seconds": round(time.time() - t0, 1), "summary": str(e)}
     row["group"] = group
     rows.append(row)
     nr = row["noise_ratio"]
     vb = row["vs_bf16"]
+    est = row.get("estimate")
+    probe = (row["probe"] or "-") + ("" if est is None else f"={est:.3g}")
     print(f"{group:7s} {spec:45s} {row['verdict']:5s} {row['model']:18s} "
-          f"{row['secondary'] or '-':16s} {row['probe'] or '-':22s} "
+          f"{row['secondary'] or '-':16s} {probe:22s} "
           f"noise {'-' if nr is None else f'{nr:.2g}':>7s} "
-          f"vs_bf16 {'-' if vb is None else f'{vb:.2g}':>6s} "
+          f"vs_proxy {'-' if vb is None else f'{vb:.2g}':>6s} "
           f"({row['seconds']:.0f} s) {what}", flush=True)
   if _JSON.value:
     with open(_JSON.value, "w", encoding="utf-8") as f:

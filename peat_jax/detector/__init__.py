@@ -39,7 +39,9 @@ from peat_jax.detector._invariance import INVARIANCE_MODELS as INVARIANCE_MODELS
 from peat_jax.detector._invariance import invariance_candidates as invariance_candidates
 from peat_jax.detector._invariance import with_invariance as with_invariance
 from peat_jax.detector._invariance_calibration import run_invariance_calibration as run_invariance_calibration
+from peat_jax.detector._training import BENIGN_TRAINING_LIMIT as BENIGN_TRAINING_LIMIT
 from peat_jax.detector._training import BF16_PROXY_LIMIT as BF16_PROXY_LIMIT
+from peat_jax.detector._training import benign_far_below as benign_far_below
 from peat_jax.detector._training import TREND_FACTOR as TREND_FACTOR
 from peat_jax.detector._training import TREND_MIN_STEPS as TREND_MIN_STEPS
 from peat_jax.detector._training import noise_trend as noise_trend

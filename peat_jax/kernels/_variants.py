@@ -100,11 +100,9 @@ EXPECTED_ERROR_MODEL: types.MappingProxyType = types.MappingProxyType({
         "tanh": "reordering",
         "bf16": "precision:bf16",
         "fast_exp": "approximation",
-        # The SwiGLU gate and up projections swapped: silu(up) * x. No
-        # error model names an operand swap yet ("indexing" is about
-        # positions within one tensor); to be refined when the Detector
-        # gets one.
-        "swapped": "unknown",
+        # The SwiGLU gate and up projections swapped: silu(up) * x, the
+        # port probe's swapped_operands (values in the wrong place).
+        "swapped": "indexing",
     }),
     "rope": types.MappingProxyType({
         "default": "reordering",

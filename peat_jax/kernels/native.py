@@ -247,8 +247,10 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
 
   Args:
     x: (..., D) float32, bfloat16 or float16.
-    scale: (D,), same dtype.
-    bias: (D,), same dtype.
+    scale: (D,), x's dtype, or float32 for 16-bit x (a bf16 model keeps
+      float32 parameters): then cast to x's dtype, as a fused layer norm
+      takes its weights in the dtype it computes in.
+    bias: (D,), as scale.
     eps: added to the variance (a Python or numpy float).
     variant: one of ``variants("layer_norm")``.
 
@@ -260,6 +262,13 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array,
   """
   code = _check_variant("layer_norm", variant)
   eps = _check_float("layer_norm", "eps", eps)
+  xdt = jnp.result_type(x)
+  if jnp.dtype(xdt).itemsize == 2:
+    f32 = jnp.dtype(jnp.float32)
+    if jnp.result_type(scale) == f32:
+      scale = jnp.asarray(scale).astype(xdt)
+    if jnp.result_type(bias) == f32:
+      bias = jnp.asarray(bias).astype(xdt)
   _check_dtypes("layer_norm", x=x, scale=scale, bias=bias)
   d = jnp.shape(x)[-1] if jnp.ndim(x) else None
   if jnp.ndim(x) < 1 or jnp.shape(scale) != (d,) or jnp.shape(bias) != (d,):

@@ -40,6 +40,7 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
     if not rs:
       continue
     top = min(rs, key=lambda r: (-_detector.severity(r["diagnosis"]["verdict"]),
+                                 -_ratio_key(r["signature"].get("noise_ratio")),
                                  -r["diagnosis"]["confidence"]))
     sig0 = rs[0]["signature"]
     fmt = _core.format_of_code(sig0.get("dtype_code", 0))
@@ -59,6 +60,9 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
         "confidence": top["diagnosis"]["confidence"],
         "evidence": f"step {top['step']}: {top['diagnosis']['evidence']}",
         "verdict": top["diagnosis"]["verdict"],
+        "top_step": top["step"],
+        "top_noise_ratio": _finite_or_none(
+            top["signature"].get("noise_ratio")),
         "steps": [r["step"] for r in rs],
         "noise_ratio": [r["signature"].get("noise_ratio") for r in rs],
         "rel_rms": [r["signature"]["rel_rms"] for r in rs],
@@ -69,6 +73,18 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
   for entry, trend in zip(out, _training.site_trends(out)):
     entry["noise_trend"] = trend
   return out
+
+
+def _ratio_key(x) -> float:
+  """A noise ratio for ordering: NaN (and None) rank as the worst."""
+  if x is None:
+    return -1.0
+  x = float(x)
+  return np.inf if np.isnan(x) else x
+
+
+def _finite_or_none(x):
+  return None if x is None or not np.isfinite(float(x)) else float(x)
 
 
 def _json_ratios(r: dict) -> dict:
@@ -97,7 +113,23 @@ def verdict_data(diags: dict, findings: Sequence[dict],
     PeatError: neither a diagnosis nor a finding.
   """
   return _training.with_significance(_record_verdict(diags, findings),
-                                     runtime)
+                                     runtime, _benign_warn(diags, findings))
+
+
+def _benign_warn(diags: dict, findings: Sequence[dict]) -> bool:
+  """Whether only benign records (exact/reordering, no other cause beside
+  them) warn, with no failing record and no finding."""
+  if findings or not diags:
+    return False
+  loud = [d for d in diags.values() if d.verdict != "pass"]
+  if not loud or any(d.verdict == "fail" for d in loud):
+    return False
+  for d in loud:
+    sec = getattr(d, "secondary", None)
+    if d.model not in _detector.BENIGN or (
+        sec is not None and sec.model not in _detector.BENIGN):
+      return False
+  return True
 
 
 def _record_verdict(diags: dict, findings: Sequence[dict]) -> dict:
@@ -140,15 +172,19 @@ def summary_table(data: dict) -> str:
            f"  {data['verdict']['summary']}"]
   w = max([len(s["site"]) for s in data["sites"]] + [4])
   lines.append(f"  {'site':<{w}}  {'model':<24} {'verdict':<7} "
-               "max_noise_ratio  rmse_x  max_rel_x")
+               "noise_ratio  rmse_x  max_rel_x")
   for s in data["sites"]:
-    nr = [x for x in s["noise_ratio"] if x is not None and x == x]
+    # Model, verdict and ratios of one record: the site's worst.
+    nr = s.get("top_noise_ratio")
+    if "top_step" not in s:  # report data of before the worst record's
+      vals = [x for x in s["noise_ratio"] if x is not None and x == x]
+      nr = max(vals) if vals else None
     rt = s.get("ratios") or {}
     model = s["model"] + (f" + {s['secondary']['model']}"
                           if s.get("secondary") else "")
     lines.append(f"  {s['site']:<{w}}  {model:<24} {s['verdict']:<7} "
-                 f"{max(nr) if nr else float('nan'):<15.3g}  "
-                 f"{_num(rt.get('rmse')):<6.3g}  {_num(rt.get('max_rel')):.3g}")
+                 f"{_num(nr):<11.2g}  "
+                 f"{_num(rt.get('rmse')):<6.2g}  {_num(rt.get('max_rel')):.2g}")
   if with_bwd:
     worst = [s for s in bwd if s["verdict"] != "pass"]
     lines.append(f"  backward sites: {len(bwd)} of {len(data['sites'])}"

@@ -248,8 +248,10 @@ def _check_block(b: Mapping, steps: int, where: str) -> None:
 def _check_significance(sig: Mapping, w: str) -> None:
   _get(sig, "metric", w, (str,), "a metric name, e.g. 'w1'")
   _get(sig, "step", w, (int,), "the saved step of vs_seed / vs_bf16")
-  for k in ("vs_seed", "vs_bf16"):
+  for k in ("vs_seed", "vs_bf16", "vs_proxy"):
     _get(sig, k, w, _NUM, "a number or None", False)
+  _get(sig, "proxy", w, (str,), "the proxy's formats, e.g. 'fp8_e4m3'",
+       False)
   n = len(_get(sig, "steps", w, _SEQ, "a list of saved steps"))
   _check_block(_get(sig, "total", w, (dict,), "a mapping of distances"),
                n, w + "total.")

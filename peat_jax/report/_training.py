@@ -21,6 +21,15 @@ def _x(v: float) -> str:
   return f"{v:.2g}x"
 
 
+def _proxy_words(sig: Mapping) -> str:
+  proxy = sig.get("proxy") or "bf16"
+  return {"bf16": "bf16 training",
+          "fp8_e4m3": "fp8 (e4m3, per-tensor scaled) training",
+          "bf16+fp8_e4m3": "training one format below (float32 matmuls at "
+                           "bf16, 16-bit ones at fp8 e4m3)"}.get(
+                               proxy, f"{proxy} training")
+
+
 def significance_sentence(sig: Mapping) -> str:
   """A run's significance in words.
 
@@ -30,24 +39,24 @@ def significance_sentence(sig: Mapping) -> str:
   Returns:
     e.g. ``moves the weights 0.3x as much as bf16 training, 1.4x the
     seed-to-seed distance (Wasserstein-1 of the weight values at step
-    40)``.
+    40)``; a bf16 model's yardstick is fp8 training (``proxy``).
   """
   parts = []
   if sig.get("vs_bf16") is not None:
-    parts.append(f"{_x(sig['vs_bf16'])} as much as bf16 training")
+    parts.append(f"{_x(sig['vs_bf16'])} as much as {_proxy_words(sig)}")
   if sig.get("vs_seed") is not None:
     parts.append(f"{_x(sig['vs_seed'])} the seed-to-seed distance")
   if not parts:
     return (f"has no yardstick for its weight distance at step "
-            f"{sig['step']} (neither the seed runs nor the bf16 proxy were "
-            "measured)")
+            f"{sig['step']} (neither the seed runs nor the precision proxy "
+            "were measured)")
   return (f"moves the weights {', '.join(parts)} (Wasserstein-1 of the "
           f"weight values at step {sig['step']})")
 
 
 def _strongest(runs: Sequence[Mapping]) -> Mapping | None:
-  """The run that moves the weights most in units of the bf16 proxy (else
-  of the seed distance)."""
+  """The run that moves the weights most in units of the precision proxy
+  (else of the seed distance)."""
   withsig = [r for r in runs or () if r.get("significance")]
   if not withsig:
     return None
@@ -61,18 +70,26 @@ def _strongest(runs: Sequence[Mapping]) -> Mapping | None:
   return max(withsig, key=key)
 
 
-def with_significance(verdict: dict, runs: Sequence[Mapping] | None) -> dict:
+def with_significance(verdict: dict, runs: Sequence[Mapping] | None,
+                      benign_warn: bool = False) -> dict:
   """The verdict with the runtime runs' significance added.
 
   The summary gains a sentence on the run that moves the weights most; when
-  any run moves them beyond the bf16 proxy a ``pass`` becomes ``warn``
-  (``warn`` and ``fail`` stay) and that run joins the deciding records as
-  ``["runtime <frequency>", step]``.
+  any run moves them beyond the precision proxy a ``pass`` becomes
+  ``warn`` (``warn`` and ``fail`` stay) and that run joins the deciding
+  records as ``["runtime <frequency>", step]``. A ``warn`` that only
+  benign records decided (``benign_warn``: ``reordering`` beyond the
+  golden kernel's noise envelope) becomes ``pass`` when every run moves
+  the weights at most :data:`peat_jax.detector.BENIGN_TRAINING_LIMIT` of
+  the proxy (:func:`peat_jax.detector.benign_far_below`); the summary
+  states the ratio. Without runtime runs nothing changes.
 
   Args:
     verdict: the report's ``verdict`` mapping (from playback records and
       findings).
     runs: the report's ``runtime`` runs (None: none).
+    benign_warn: the playback verdict is ``warn`` and every warning record
+      is ``exact`` or ``reordering`` with no other cause beside it.
 
   Returns:
     A new ``verdict`` mapping.
@@ -81,18 +98,35 @@ def with_significance(verdict: dict, runs: Sequence[Mapping] | None) -> dict:
   if top is None:
     return verdict
   sig = top["significance"]
+  sigs = [r["significance"] for r in runs if r.get("significance")]
   beyond = [r for r in runs if r.get("significance") and
             _detector.weights_verdict(r["significance"].get("vs_bf16"))
             == "warn"]
   sentence = (f"Runtime FI ({top['frequency']}): the KUT "
               f"{significance_sentence(sig)}")
   out = dict(verdict)
+  if (benign_warn and verdict["verdict"] == "warn" and not beyond
+      and _detector.benign_far_below([s.get("vs_bf16") for s in sigs])):
+    out["verdict"] = "pass"
+    out["summary"] = (
+        f"pass: the warning records are benign (another order of the same "
+        f"arithmetic, beyond the golden kernel's noise envelope) and "
+        f"training does not feel them: {sentence}, at most "
+        f"{_x(_detector.BENIGN_TRAINING_LIMIT)} of the proxy. Playback "
+        f"records: {verdict['summary']}")
+    out["deciding"] = []
+    out["benign_note"] = (
+        f"benign records pass on training evidence: every runtime run moves "
+        f"the weights at most {_x(max(s['vs_bf16'] for s in sigs))} as much "
+        f"as {_proxy_words(sig)} (limit "
+        f"{_x(_detector.BENIGN_TRAINING_LIMIT)})")
+    return out
   if not beyond:
     out["summary"] = f"{verdict['summary']}. {sentence}"
     return out
   where = [[f"runtime {r['frequency']}", r["significance"]["step"]]
            for r in beyond]
-  sentence += (f", beyond the bf16 proxy (limit "
+  sentence += (f", beyond the {sig.get('proxy') or 'bf16'} proxy (limit "
                f"{_x(_detector.BF16_PROXY_LIMIT)})")
   if verdict["verdict"] == "pass":
     out["verdict"] = "warn"

@@ -65,6 +65,16 @@ def test_unusable_ratios_are_left_out():
 
 @pytest.mark.parametrize("ratio,verdict", [
     (None, "pass"), (0.0, "pass"), (0.99, "pass"), (1.0, "pass"),
-    (1.01, "warn"), (math.inf, "warn"), (math.nan, "pass")])
+    (1.01, "warn"), (math.inf, "warn"), (math.nan, "warn")])
 def test_weights_beyond_the_bf16_proxy_warn(ratio, verdict):
   assert detector.weights_verdict(ratio) == verdict
+
+
+@pytest.mark.parametrize("ratios,far_below", [
+    ([0.001, 0.05], True), ([0.0], True), ([0.05, 0.2], False),
+    ([], False), ([None], False), ([0.01, math.nan], False),
+    ([math.inf], False)])
+def test_benign_records_pass_only_far_below_the_proxy(ratios, far_below):
+  assert detector.benign_far_below(ratios) is far_below
+  if far_below:  # a margin: 2x the largest still clears the limit
+    assert 2 * max(ratios) <= detector.BENIGN_TRAINING_LIMIT

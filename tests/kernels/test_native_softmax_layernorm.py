@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import peat_jax as peat
 from peat_jax.kernels import native
 from peat_jax.kernels.checks import DTYPES, OUT_TINY, OUT_U, f64
 from peat_jax.kernels.checks import layer_norm_golden, layer_norm_ref
@@ -181,3 +182,22 @@ def test_layer_norm_vmap_with_grad():
   out_b = jax.vmap(lambda r, s: native.layer_norm(r, s, b))(x, sb)
   np.testing.assert_allclose(out_b[2], layer_norm_golden(x[2], 3 * s, b),
                              rtol=1e-5, atol=1e-5)
+
+
+def test_layer_norm_takes_a_bf16_model_s_float32_parameters():
+  """A bf16 model keeps float32 scale and bias (vit_bf16): the kernel gets
+  them in x's dtype, bitwise as if cast by the caller; float32 x with bf16
+  parameters is still refused (no silent widening)."""
+  rng = np.random.default_rng(41)
+  x = jnp.asarray(rng.standard_normal((6, 48)) * 2 + 0.5, jnp.bfloat16)
+  scale = jnp.asarray(1 + 0.1 * rng.standard_normal(48), jnp.float32)
+  bias = jnp.asarray(0.1 * rng.standard_normal(48), jnp.float32)
+  got = native.layer_norm(x, scale, bias)
+  want = native.layer_norm(x, scale.astype(jnp.bfloat16),
+                           bias.astype(jnp.bfloat16))
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got, np.float32),
+                                np.asarray(want, np.float32))
+  with pytest.raises(peat.PeatError, match="share one dtype"):
+    native.layer_norm(x.astype(jnp.float32), scale.astype(jnp.bfloat16),
+                      bias)

@@ -184,7 +184,7 @@ def test_registries_name_every_llama_port_and_its_model():
   want = {
       "rms_norm_acc_bf16": "accumulation:bf16", "rms_norm_eps": "parameter",
       "rms_norm_as_layer_norm": "parameter", "silu_bf16": "precision:bf16",
-      "swiglu_swapped": "unknown", "rope_interleaved": "indexing",
+      "swiglu_swapped": "indexing", "rope_interleaved": "indexing",
       "rope_theta_500k": "parameter", "rope_offset": "parameter",
       "gqa_wrong_group": "indexing"}
   got = {n: ports.EXPECTED_ERROR_MODEL[k][n]

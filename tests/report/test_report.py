@@ -614,3 +614,38 @@ def test_site_entries_carry_the_ratio_view_and_a_secondary_cause():
   assert rt["rmse"] > 100 and rt["nonfinite_mismatch"] == 0
   assert 0 < rt["beyond_ulps"] <= 1
   json.dumps(rt)  # JSON-ready: no NaN
+
+
+def test_site_table_reads_model_verdict_and_ratios_of_one_record():
+  """Two passing records of one site (bitwise equal, and a reordering at
+  a higher noise ratio): the table's model, noise ratio and ratio view
+  are the reordering record's, not 'exact' beside another's ratio."""
+  import jax.numpy as jnp
+  from peat_jax import analyzer, detector, profiler, report
+  rng = np.random.default_rng(12)
+  a = rng.standard_normal((32, 256)).astype(np.float32)
+  b = rng.standard_normal((256, 24)).astype(np.float32)
+  g = np.asarray(jnp.asarray(a) @ jnp.asarray(b))
+  r = a.astype(np.float64) @ b.astype(np.float64)
+  # Rounding-sized noise 2.5x golden's, of the other sign (another order
+  # of the same float32 sum looks like this).
+  t = r - 2.5 * (g.astype(np.float64) - r)
+  recs = []
+  for step, out in ((0, g), (10, t.astype(np.float32))):
+    sig = analyzer.analyze(out, g, r)
+    diag = detector.detect(sig, context={"kernel": "dot_general",
+                                         "reduction": 256})
+    recs.append({"kind": "site", "kut": "k", "step": step,
+                 "site": "fwd/dot:0", "kernel": "dot_general",
+                 "phase": "fwd", "reduction": 256,
+                 "signature": profiler.signature_record(sig),
+                 "diagnosis": detector.diagnosis_record(diag)})
+  assert recs[0]["diagnosis"]["model"] == "exact"
+  assert recs[1]["diagnosis"]["model"] == "reordering"
+  assert recs[1]["signature"]["noise_ratio"] > 1.2  # worse than golden
+  (entry,) = report.site_entries(recs, ["fwd/dot:0"])
+  assert entry["top_step"] == 10 and entry["model"] == "reordering"
+  assert entry["top_noise_ratio"] == pytest.approx(
+      recs[1]["signature"]["noise_ratio"])
+  assert entry["ratios"]["rmse"] == pytest.approx(
+      analyzer.metric_ratios(recs[1]["signature"])["rmse"])

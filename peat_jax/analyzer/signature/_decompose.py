@@ -56,6 +56,22 @@ from peat_jax.analyzer.signature._signature import (
 ENVELOPE_FACTOR = 16.0
 #: ... and at least this many units (an exact golden kernel, z_g = 0).
 ENVELOPE_MIN_Z = 4.0
+#: A 16-bit output (bf16, fp16) is rounded once at the end by a correct
+#: kernel: golden's error is at most one unit of its u (0.5 ulp) per
+#: element and another correct kernel's a few (two or three roundings in
+#: the output's format: Hugging Face's RMSNorm, a rope with bf16 tables).
+#: Its envelope is ENVELOPE16_FACTOR x max(z_g, ENVELOPE16_MIN_Z) units:
+#: 8 units of u(bf16) (3% relative), not the 64 of the float32 rule, where
+#: a bf16-accumulated norm or a mean-subtracted RMSNorm would hide.
+ENVELOPE16_FACTOR = 4.0
+ENVELOPE16_MIN_Z = 2.0
+#: ... while an outlier of a 16-bit output (a fault's candidate) is beyond
+#: at least this many units: a bf16 accumulation's tail reaches 9-12 units
+#: (K = 64 matmuls of vit_bf16), and one flip of bf16's four low mantissa
+#: bits moves a value by at most 8 ulps = 16 units, which rounding noise
+#: of that size cannot be told from; the 64-unit envelope of before found
+#: every 16-bit fault of the calibration and tests.
+OUTLIER16_MIN_Z = 32.0
 #: The envelope without a reference (the golden output as the reference).
 NO_REFERENCE_Z = 256.0
 #: Outliers are also beyond this many times the KUT's median error (its own
@@ -355,7 +371,10 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   zg = eg / unit
   if has_ref:
     golden_z = jnp.max(zg)
-    theta_g = ENVELOPE_FACTOR * jnp.maximum(golden_z, ENVELOPE_MIN_Z)
+    factor, min_z = ((ENVELOPE16_FACTOR, ENVELOPE16_MIN_Z)
+                     if dtype.itemsize <= 2 else
+                     (ENVELOPE_FACTOR, ENVELOPE_MIN_Z))
+    theta_g = factor * jnp.maximum(golden_z, min_z)
   else:
     golden_z = jnp.float32(0)
     theta_g = jnp.asarray(NO_REFERENCE_Z, cdt)
@@ -373,6 +392,8 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   zmed_t = _sample_median(pick(zt), pick(live))
   zmed_g = _sample_median(pick(zg), pick(live))
   theta = jnp.maximum(theta_g, DENSE_FACTOR * zmed_t)
+  if has_ref and dtype.itemsize <= 2:
+    theta = jnp.maximum(theta, OUTLIER16_MIN_Z)
   env = theta * unit
   new_nf = fin_g & ~fin_t
   beyond = (fp & (zt > theta_g)) | new_nf  # beyond the golden envelope

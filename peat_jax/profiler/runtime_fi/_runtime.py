@@ -192,9 +192,11 @@ def run_frequencies(scheds: Sequence[tuple[str, Any, str]], *,
   if weights is not None and "bf16" not in byname and todo:
     t0 = time.perf_counter()
     loss, w = train(weights.bf16_step(), state0)
+    proxy = weights.proxy()
     keep("bf16", {"loss": loss, "label": _significance.BF16_LABEL,
-                  "weights": w})
-    say(f"{_significance.BF16_LABEL}{where}: {steps} steps, final loss "
+                  "weights": w, "proxy": proxy})
+    say(f"{_significance.proxy_label(proxy)}{where}: {steps} steps, final "
+        f"loss "
         f"{loss[-1]:.6g} (golden {golden[-1]:.6g}), the yardstick of the "
         f"weight distances ({time.perf_counter() - t0:.1f} s)")
   for f, sched, label in scheds:
@@ -254,7 +256,7 @@ def runtime_result(records: Sequence[dict], frequencies: Sequence[str],
            "crashed": crashed}
     sig = _significance.significance(
         r.get("weights"), byname.get("spread", {}).get("weights"),
-        bf16.get("weights"))
+        bf16.get("weights"), proxy=bf16.get("proxy", "bf16"))
     if sig is not None:
       run["significance"] = sig
     runs.append(run)

@@ -18,11 +18,16 @@ The distances are computed on the device by one jitted function per
 parameter structure; only ``2 x layers`` scalars per saved step come to the
 host and into ``runtime.msgpack``.
 
-The bf16 proxy (:func:`bf16_proxy`) is the same training with the inputs
-of every matmul and convolution (forward and backward) rounded to bfloat16
-(the ``precision:bf16`` error model), accumulating in float32 as bf16
-training does: a yardstick of what a precision change known to be
-acceptable does to the weights.
+The precision proxy (:func:`bf16_proxy`) is the same training with the
+inputs of every matmul and convolution (forward and backward) rounded one
+format below their own: float32 inputs to bfloat16 (the ``precision:bf16``
+error model, accumulating in float32 as bf16 training does), bfloat16 and
+float16 inputs to float8 e4m3 with one scale per tensor (FP8 training's
+forward format and scaling). A model that already computes in bf16 has
+bf16 matmul inputs, so rounding them to bf16 again would change nothing and
+the yardstick would be the golden run itself; one format below the model's
+own precision is what a precision change known to be acceptable does to
+its weights. :func:`proxy_formats` names the formats a step's proxy uses.
 """
 
 from __future__ import annotations
@@ -172,14 +177,17 @@ class WeightProbe(NamedTuple):
     steps: the saved golden steps inside the runtime window, at which every
       run is compared with the golden trajectory.
     golden: ``golden(step)``: the golden parameters at a saved step.
-    bf16_step: ``bf16_step()``: the bf16-proxy train step (jitted; built on
-      first call, so a resumed campaign that has its proxy run does not
-      trace it).
+    bf16_step: ``bf16_step()``: the precision-proxy train step (jitted;
+      built on first call, so a resumed campaign that has its proxy run
+      does not trace it).
+    proxy: ``proxy()``: the formats the proxy rounds to
+      (:func:`proxy_formats`).
   """
 
   steps: tuple
   golden: Callable[[int], Any]
   bf16_step: Callable[[], Callable]
+  proxy: Callable[[], str] = lambda: "bf16"
 
 
 def window_steps(saved: Sequence[int], start_step: int, steps: int
@@ -188,26 +196,81 @@ def window_steps(saved: Sequence[int], start_step: int, steps: int
   return tuple(int(s) for s in saved if start_step < s <= start_step + steps)
 
 
-def _bf16(x: jax.Array) -> jax.Array:
-  if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == jnp.bfloat16:
-    return x
-  return _injectors.inject("precision:bf16", jax.random.key(0), x)
+#: The largest finite float8 e4m3 (``float8_e4m3fn``) value.
+_E4M3_MAX = 448.0
+
+
+def proxy_format(dtype) -> str | None:
+  """The format the proxy rounds an input of ``dtype`` to (None: kept).
+
+  Args:
+    dtype: an operand's dtype.
+
+  Returns:
+    ``"bf16"`` for float32 and float64, ``"fp8_e4m3"`` for bfloat16 and
+    float16, None otherwise (integers, float8).
+  """
+  dt = jnp.dtype(dtype)
+  if dt in (jnp.dtype(jnp.float32), jnp.dtype(jnp.float64)):
+    return "bf16"
+  if dt in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+    return "fp8_e4m3"
+  return None
+
+
+def _fp8_scaled(x: jax.Array) -> jax.Array:
+  """``x`` rounded to float8 e4m3 with one scale per tensor (amax / 448)."""
+  xf = x.astype(jnp.float32)
+  amax = jnp.max(jnp.abs(jnp.where(jnp.isfinite(xf), xf, 0.0)))
+  scale = jnp.where(amax > 0, amax / _E4M3_MAX, 1.0)
+  q = (xf / scale).astype(jnp.float8_e4m3fn).astype(jnp.float32)
+  return jnp.where(jnp.isfinite(xf), q * scale, xf).astype(x.dtype)
+
+
+def _one_below(x: jax.Array) -> jax.Array:
+  fmt = proxy_format(x.dtype)
+  if fmt == "bf16":
+    return _injectors.inject("precision:bf16", jax.random.key(0), x)
+  if fmt == "fp8_e4m3":
+    return _fp8_scaled(x)
+  return x
 
 
 def _bf16_inputs(*operands, **params):
-  """A matmul or convolution with its inputs rounded to bfloat16."""
+  """A matmul or convolution with its inputs one format below their own."""
   prim = (lax.conv_general_dilated_p if "window_strides" in params
           else lax.dot_general_p)
-  return prim.bind(*[_bf16(x) for x in operands], **params)
+  return prim.bind(*[_one_below(x) for x in operands], **params)
+
+
+def proxy_formats(step_fn: Callable, state, batch) -> str:
+  """The formats :func:`bf16_proxy` rounds a step's matmul inputs to.
+
+  Args:
+    step_fn: the un-jitted train step.
+    state: a state of the task.
+    batch: a batch of the task.
+
+  Returns:
+    ``"bf16"``, ``"fp8_e4m3"`` or both joined by ``"+"`` (float32 and
+    16-bit matmuls in one model); ``"none"`` without a floating matmul or
+    convolution.
+  """
+  table = _sites.discover_sites(step_fn, state, batch)
+  fmts = {proxy_format(d) for s in table if s.kernel in _PROXY_KERNELS
+          for d in s.in_dtypes} - {None}
+  return "+".join(f for f in ("bf16", "fp8_e4m3") if f in fmts) or "none"
 
 
 def bf16_proxy(step_fn: Callable, state, batch) -> Callable:
-  """``step_fn`` with every matmul and convolution at bf16 input precision.
+  """``step_fn`` with every matmul and convolution one format below its own.
 
   Every ``dot_general`` and ``conv_general_dilated`` site of the step, in
-  the forward and the backward pass, gets its floating inputs rounded to
-  the nearest bfloat16 (``precision:bf16``) and accumulates as the golden
-  kernel does (float32).
+  the forward and the backward pass, gets its floating inputs rounded one
+  format below their dtype (:func:`proxy_format`: float32 to the nearest
+  bfloat16, ``precision:bf16``; bfloat16 and float16 to float8 e4m3 with a
+  per-tensor scale) and accumulates as the golden kernel does. The name
+  stays from when every model trained in float32.
 
   Args:
     step_fn: the un-jitted train step.
@@ -256,8 +319,10 @@ def probe(step_fn: Callable, jit: Callable[[Callable], Callable], *,
       built.append(jit(bf16_proxy(step_fn, state, batch)))
     return built[0]
 
-  return WeightProbe(at, GoldenParams(restore), bf16_step)
+  return WeightProbe(at, GoldenParams(restore), bf16_step,
+                     lambda: proxy_formats(step_fn, state, batch))
 
 
 __all__ = ["METRICS", "Tracker", "GoldenParams", "WeightProbe", "bf16_proxy",
+           "proxy_format", "proxy_formats",
            "distances", "probe", "window_steps", "worst"]

@@ -24,6 +24,7 @@ from peat_jax import report
 from peat_jax.kernels import kut
 from peat_jax.profiler.runtime_fi import _significance
 from peat_jax.profiler.runtime_fi import _weights
+from peat_jax.report import _training as _rtraining
 
 KUT = "native:matmul:in_bf16"
 _spec = importlib.util.spec_from_file_location(
@@ -152,6 +153,63 @@ def test_bf16_inputs_at_a_convolution_site():
                                 np.asarray(jax.jit(conv)(*rounded)))
   assert not np.array_equal(np.asarray(proxy(x, k)),
                             np.asarray(jax.jit(conv)(x, k)))
+
+
+def _e4m3_scaled(x):
+  """Reference of the proxy's fp8 rounding: one scale per tensor, the
+  rescaled value back in the operand's bf16."""
+  x = np.asarray(x, np.float32)
+  s = np.float32(np.abs(x).max() / np.float32(448.0))
+  q = (x / s).astype(ml_dtypes.float8_e4m3fn).astype(np.float32) * s
+  return _r(q)
+
+
+def test_a_bf16_model_s_proxy_is_one_format_below_its_own():
+  """bf16 matmul inputs go to scaled fp8 e4m3 (bf16 again changes nothing);
+  float32 ones to bf16; the formats are named."""
+  rng = np.random.default_rng(7)
+  w = jnp.asarray(rng.standard_normal((24, 3)) * 0.3, jnp.bfloat16)
+  x = jnp.asarray(rng.standard_normal((32, 24)) * 5.0, jnp.bfloat16)
+
+  def fwd(w, x):
+    return jnp.dot(x, w, preferred_element_type=jnp.float32)
+
+  got = np.asarray(jax.jit(_weights.bf16_proxy(fwd, w, x))(w, x), np.float64)
+  want = _e4m3_scaled(x.astype(np.float32)) @ _e4m3_scaled(
+      w.astype(np.float32))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+  err = np.abs(got - exact).max() / np.abs(exact).max()
+  assert 2 ** -8 < err < 2 ** -2  # fp8-sized: beyond bf16's, not garbage
+  assert _weights.proxy_formats(fwd, w, x) == "fp8_e4m3"
+  w32, x32 = w.astype(jnp.float32), x.astype(jnp.float32)
+  assert _weights.proxy_formats(fwd, w32, x32) == "bf16"
+  assert _weights.proxy_format(jnp.int32) is None
+
+
+def test_sentence_names_the_proxy_and_benign_warnings_pass_far_below():
+  def runs(vs):
+    return [{"frequency": f"f{i}", "significance": {
+        "step": 40, "vs_bf16": v, "vs_seed": 0.1, "proxy": "fp8_e4m3"}}
+            for i, v in enumerate(vs)]
+
+  warn = {"verdict": "warn", "summary": "warn: 2 of 8 records",
+          "deciding": [["s", 0]]}
+  out = _rtraining.with_significance(warn, runs([0.004, 0.02]),
+                                           benign_warn=True)
+  assert out["verdict"] == "pass" and out["deciding"] == []
+  assert "fp8 (e4m3, per-tensor scaled) training" in out["summary"]
+  assert "0.02x" in out["benign_note"]
+  # Not benign, or a training effect near the proxy: the warn stays.
+  assert _rtraining.with_significance(
+      warn, runs([0.004]), benign_warn=False)["verdict"] == "warn"
+  assert _rtraining.with_significance(
+      warn, runs([0.004, 0.5]), benign_warn=True)["verdict"] == "warn"
+  assert _rtraining.with_significance(
+      warn, [], benign_warn=True)["verdict"] == "warn"
+  fail = dict(warn, verdict="fail")
+  assert _rtraining.with_significance(
+      fail, runs([0.001]), benign_warn=True)["verdict"] == "fail"
 
 
 # ------------------------------------------------------------ runtime FI
