@@ -3,7 +3,12 @@
 Usage::
 
   python benchmarks/false_alarm_sweep.py [--scenarios=cnn,vit,gpt] \
-      [--workdir=/tmp/peat_sweep] [--steps=60] [--checkpoint_every=20]
+      [--workdir=/tmp/peat_sweep] [--steps=60] [--checkpoint_every=20] \
+      [--torch] [--backward=golden|kut]
+
+  # the bf16 scenarios, torch kernels too, forward and backward
+  python benchmarks/false_alarm_sweep.py --scenarios=llama,vit_bf16 \
+      --torch --backward=kut
 
 The calibration suite (``tools/calibrate.py``) checks the Detector on
 forward site inputs captured once per model. This sweep checks it where a
@@ -15,8 +20,13 @@ or fusion of their float32 operations (``EXPECTED_ERROR_MODEL`` says
 last column tile sums its K terms in two halves). Every record should be ``exact`` or ``reordering``; a
 ``warn`` is allowed (the KUT is more than 2x as far from float64 as the
 golden kernel, which the verdict rules call a warning), a fault model or
-``fail`` is a false alarm. Prints one line per (scenario, KUT) and every
-record that does not pass; exits 1 on a false alarm.
+``fail`` is a false alarm. ``--torch`` adds the bridge's built-in torch
+kernels (third-party implementations: ``F.rms_norm``, ``F.silu``, a torch
+rope, SDPA, ...); ``--backward=kut`` plays each KUT's own VJP at the
+backward sites too. A KUT a site refuses (a torch kernel of one dtype at a
+bf16 site with float32 parameters) is listed as refused. Prints one line
+per (scenario, KUT) and every record that does not pass; exits 1 on a
+false alarm.
 """
 
 import collections
@@ -41,8 +51,16 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/peat_sweep",
 _STEPS = flags.DEFINE_integer("steps", 60, "Golden steps per scenario.")
 _EVERY = flags.DEFINE_integer("checkpoint_every", 20,
                               "Golden checkpoint interval.")
+_TORCH = flags.DEFINE_bool("torch", False, "Also the bridge's torch kernels.")
+_BACKWARD = flags.DEFINE_enum("backward", "golden", ["golden", "kut"],
+                              "The KUT's VJP at backward sites too (kut).")
 
-KERNELS = ("matmul", "conv2d", "softmax", "layer_norm")
+KERNELS = ("matmul", "conv2d", "softmax", "layer_norm", "rms_norm", "silu",
+           "rope")
+#: The bridge's torch kernels of another implementation of the same math.
+TORCH_KUTS = ("torch:matmul", "torch:conv2d", "torch:softmax",
+              "torch:layer_norm", "torch:rms_norm", "torch:silu",
+              "torch:rope", "torch:attention", "torch:gelu")
 BENIGN = ("exact", "reordering")
 
 
@@ -62,6 +80,9 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   kuts = reordering_kuts()
+  if _TORCH.value:
+    import peat_jax.bridges  # noqa: F401  pylint: disable=g-import-not-at-top
+    kuts += list(TORCH_KUTS)
   print(f"KUTs: {', '.join(kuts)}")
   false_alarms, total = 0, collections.Counter()
   t_all = time.time()
@@ -76,11 +97,16 @@ def main(argv):
       t0 = time.time()
       try:
         pb = peat.playback(task, golden, kut, campaign_dir=os.path.join(
-            _WORKDIR.value, scen, kut.replace(":", "_")))
+            _WORKDIR.value, scen, kut.replace(":", "_") + (
+                "_bwd" if _BACKWARD.value == "kut" else "")),
+                           backward=_BACKWARD.value)
       except peat.PeatError as e:
-        if "no site of kernel" not in str(e):
-          raise
-        continue  # the model has no call of this kernel
+        if "no site of kernel" in str(e) or "no site" in str(e):
+          continue  # the model has no call of this kernel
+        if "share one dtype" in str(e) or "backward" in str(e):
+          print(f"  {kut}: refused: {str(e)[:160]}")
+          continue
+        raise
       seen = collections.Counter(
           (r["diagnosis"]["model"], r["diagnosis"]["verdict"])
           for r in pb.records)

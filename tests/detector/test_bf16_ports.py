@@ -136,3 +136,33 @@ def test_an_eps_slip_where_it_matters_is_a_fitted_parameter():
   diag, sig = _diagnose("rms_norm", ports.rms_norm_eps, 31)
   assert diag.verdict == "pass" and diag.model != "truncation", diag.evidence
   assert float(np.asarray(sig.noise_ratio)) < 1.5
+
+
+FAULTS = [("bitflip", {"count": 3, "bits": (12,)}), ("zero", {"count": 8}),
+          ("random_value", {"count": 5})]
+BASES = [("rms_norm", ports.rms_norm_acc_bf16, "accumulation:bf16"),
+         ("rms_norm", ports.rms_norm_as_layer_norm, "parameter"),
+         ("rope", ports.rope_theta_500k, "parameter"),
+         ("attention", ports.gqa_wrong_group, "indexing")]
+
+
+@pytest.mark.parametrize("fault,params", FAULTS, ids=[f for f, _ in FAULTS])
+@pytest.mark.parametrize("kind,port,base", BASES,
+                         ids=[p.__name__ for _, p, _ in BASES])
+def test_a_fault_over_a_bf16_slip_is_the_primary_cause(kind, port, base,
+                                                       fault, params):
+  """A sparse fault (an exponent bit flipped, zeroed elements, random
+  values) on top of a bf16 port's dense error: the fault is named and
+  fails, the port's own cause is the secondary one."""
+  golden, args, kwargs, ref_fn, reduction = _case(kind, 5)
+  g = jax.jit(functools.partial(golden, **kwargs))(*args)
+  t = jax.jit(functools.partial(port, **kwargs))(*args)
+  t = peat.injectors.inject(fault, jax.random.key(5), t, **params)
+  ref = functools.partial(ref_fn, **kwargs)
+  r = peat.analyzer.reference(ref, *args)
+  ctx = {"kernel": kind, **({"reduction": reduction} if reduction else {})}
+  diag = cal.diagnose(t, g, r, ctx, dtype=t.dtype, probe=(
+      kind, args, kwargs, lambda *a: peat.analyzer.reference(ref, *a)))
+  assert diag.model == fault and diag.verdict == "fail", diag.evidence
+  assert diag.secondary is not None and diag.secondary.model == base, (
+      diag.secondary)

@@ -246,9 +246,12 @@ def _rope_interleaved(x, positions, theta):
 
 def _fit_rope(x, positions, theta, t) -> tuple[str, float, Callable] | None:
   """The rotary base or position offset whose rope is closest to ``t``
-  (RMS): bases 10^3..10^7 on a log scan refined by golden section, and
-  position offsets -4..4; None when neither beats the model's own."""
-  rms = lambda h: float(np.sqrt(np.mean(np.square(h - t))))
+  (the median absolute distance: a sparse fault on top, a few huge
+  values, does not move it): bases 10^3..10^7 on a log scan refined by
+  golden section, and position offsets -4..4; None when neither beats the
+  model's own."""
+  fin = np.isfinite(t)
+  rms = lambda h: float(np.median(np.abs(h - t)[fin])) if fin.any() else 0.0
   pos = np.asarray(positions)
   own = rms(_f64(reference_rope(x, pos, theta)))
   best = None
