@@ -43,7 +43,8 @@ def dot_general_adapter(lhs: jax.Array, rhs: jax.Array, *,
     dimension_numbers: ``((lhs_contract, rhs_contract), (lhs_batch,
       rhs_batch))`` as for ``lax.dot_general``.
     precision: ignored (the native kernel has its own precision).
-    preferred_element_type: output dtype (the result is cast to it).
+    preferred_element_type: output dtype; wider than the operands, they
+      are widened to it first (the kernel accumulates there).
     out_sharding: ignored.
     variant: native matmul variant.
     tile: native tile (None: the kernel's default).
@@ -52,6 +53,13 @@ def dot_general_adapter(lhs: jax.Array, rhs: jax.Array, *,
     The dot_general result.
   """
   del precision, out_sharding
+  dtype = preferred_element_type or lhs.dtype
+  if jnp.dtype(dtype).itemsize > jnp.dtype(lhs.dtype).itemsize:
+    # A wider result than the operands (a bf16 model's attention logits:
+    # bf16 operands, float32 result): the kernel runs on the operands
+    # widened (exactly) to it and accumulates there, as golden does, not
+    # in bf16 with a rounded result cast up.
+    lhs, rhs = lhs.astype(dtype), rhs.astype(dtype)
   lp, rp, (b, m, k, n), out_shape = batched_matmul_layout(
       lhs.shape, rhs.shape, dimension_numbers)
   a = jnp.transpose(lhs, lp).reshape(b, m, k)
@@ -59,7 +67,6 @@ def dot_general_adapter(lhs: jax.Array, rhs: jax.Array, *,
   from peat_jax.kernels import native  # loads the FFI library on first use
   opts = {} if tile is None else {"tile": tile}
   out = native.matmul(a, w, variant=variant, **opts).reshape(out_shape)
-  dtype = preferred_element_type or lhs.dtype
   return out.astype(dtype)
 
 

@@ -177,13 +177,17 @@ def dot_general_split_k_edge(lhs: jax.Array, rhs: jax.Array, *,
   output columns past the last multiple of ``tile``) sums its K terms in
   two halves, as a split-K kernel's edge path does: rounding-level error
   confined to the last columns. Benign: the Detector must pass it."""
-  del unused, precision, preferred_element_type
-  out = lax.dot_general(lhs, rhs, dimension_numbers)
+  del unused, precision
+  # The site's result dtype (a bf16 model's attention logits: bf16
+  # operands, float32 result), as golden's dot_general returns it.
+  dg = functools.partial(lax.dot_general,
+                         preferred_element_type=preferred_element_type)
+  out = dg(lhs, rhs, dimension_numbers)
   (lc, rc), _ = dimension_numbers
   if out.ndim != 2 or len(lc) != 1 or out.shape[1] % tile == 0:
     return out
   k, w = lhs.shape[lc[0]], out.shape[1] % tile
-  part = lambda a, b: lax.dot_general(
+  part = lambda a, b: dg(
       lax.slice_in_dim(lhs, a, b, axis=lc[0]),
       lax.slice_in_dim(rhs, a, b, axis=rc[0]), dimension_numbers)
   edge = part(0, k // 2) + part(k // 2, k)
