@@ -162,6 +162,35 @@ def rope_formula(x, positions, theta, variant="default", xp=np):
   return xp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
+def _wide(x):
+  """float32 for 16-bit and float32 x; float64 (the reference) stays."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def silu_golden(x, up=None):
+  """jax.nn.silu in x's dtype; SwiGLU: float32 inside (float64 for a
+  float64 reference), one rounding."""
+  if up is None:
+    return jax.nn.silu(x)
+  w = _wide(x)
+  return (jax.nn.silu(x.astype(w)) * up.astype(w)).astype(x.dtype)
+
+
+def rope_golden(x, positions, theta=10000.0):
+  """The two halves rotated (docs/kernels.md) as ``models.layers.rope``
+  does, float32 (float64 for a float64 reference), one rounding."""
+  d = x.shape[-1]
+  h = d // 2
+  w = _wide(x)
+  inv = theta ** (-jnp.arange(h, dtype=w) * (2.0 / d))
+  ang = positions.astype(w)[:, None] * inv[None, :]
+  cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
+  xf = x.astype(w)
+  x1, x2 = xf[..., :h], xf[..., h:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
+                         -1).astype(x.dtype)
+
+
 LLAMA_FORMULAS = {"rms_norm": rms_norm_formula, "silu": silu_formula,
                   "rope": rope_formula}
 

@@ -22,6 +22,8 @@ import peat_jax as peat
 from peat_jax import bridges  # noqa: F401  (registers the torch: specs)
 from peat_jax import kernels
 from peat_jax.bridges import torch_kut as tk
+from peat_jax.kernels.checks import rope_golden as golden_rope
+from peat_jax.kernels.checks import silu_golden as golden_silu
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -42,10 +44,6 @@ def _f64(a):
   return np.asarray(jnp.asarray(a, jnp.float32), np.float64)
 
 
-def _wide(x):
-  return jnp.promote_types(x.dtype, jnp.float32)
-
-
 # -------------------------------------------- golden (float64: reference)
 
 
@@ -57,26 +55,6 @@ def golden_rms_norm(x, scale, eps=1e-6):
                       param_dtype=jnp.float32, rngs=nnx.Rngs(0))
   layer.scale[...] = scale
   return layer(x)
-
-
-def golden_silu(x, up=None):
-  if up is None:
-    return jax.nn.silu(x)
-  w = _wide(x)
-  return (jax.nn.silu(x.astype(w)) * up.astype(w)).astype(x.dtype)
-
-
-def golden_rope(x, positions, theta=10000.0):
-  d = x.shape[-1]
-  h = d // 2
-  w = _wide(x)
-  inv = theta ** (-jnp.arange(h, dtype=w) * (2.0 / d))
-  ang = positions.astype(w)[:, None] * inv[None, :]
-  cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
-  xf = x.astype(w)
-  x1, x2 = xf[..., :h], xf[..., h:]
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
-                         -1).astype(x.dtype)
 
 
 def golden_attention(q, k, v, mask=None, *, bias=None, scale=None,

@@ -20,6 +20,8 @@ import pytest
 
 import peat_jax as peat
 from peat_jax import kernels
+from peat_jax.kernels.checks import rope_golden as golden_rope
+from peat_jax.kernels.checks import silu_golden as golden_silu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -264,33 +266,6 @@ def _rand(seed, shape, dtype, scale=1.0):
 
 
 # ------------------------------------------------------------- goldens
-
-
-def _wide(x):
-  """float32 for 16-bit and float32 x; float64 (the reference) stays."""
-  return jnp.promote_types(x.dtype, jnp.float32)
-
-
-def golden_silu(x, up=None):
-  """jax.nn.silu in x's dtype; SwiGLU: float32 inside, one rounding."""
-  if up is None:
-    return jax.nn.silu(x)
-  w = _wide(x)
-  return (jax.nn.silu(x.astype(w)) * up.astype(w)).astype(x.dtype)
-
-
-def golden_rope(x, positions, theta=10000.0):
-  """The two halves rotated (docs/kernels.md), float32, one rounding."""
-  d = x.shape[-1]
-  h = d // 2
-  w = _wide(x)
-  inv = theta ** (-jnp.arange(h, dtype=w) * (2.0 / d))
-  ang = positions.astype(w)[:, None] * inv[None, :]
-  cos, sin = jnp.cos(ang)[None, :, None], jnp.sin(ang)[None, :, None]
-  xf = x.astype(w)
-  x1, x2 = xf[..., :h], xf[..., h:]
-  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin],
-                         -1).astype(x.dtype)
 
 
 def _f64(a):
