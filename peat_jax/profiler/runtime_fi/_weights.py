@@ -243,26 +243,28 @@ def _bf16_inputs(*operands, **params):
   return prim.bind(*[_one_below(x) for x in operands], **params)
 
 
-def proxy_formats(step_fn: Callable, state, batch) -> str:
+def proxy_formats(step_fn: Callable, state, batch, table=None) -> str:
   """The formats :func:`bf16_proxy` rounds a step's matmul inputs to.
 
   Args:
     step_fn: the un-jitted train step.
     state: a state of the task.
     batch: a batch of the task.
+    table: the step's site table when discovered already.
 
   Returns:
     ``"bf16"``, ``"fp8_e4m3"`` or both joined by ``"+"`` (float32 and
     16-bit matmuls in one model); ``"none"`` without a floating matmul or
     convolution.
   """
-  table = _sites.discover_sites(step_fn, state, batch)
+  if table is None:
+    table = _sites.discover_sites(step_fn, state, batch)
   fmts = {proxy_format(d) for s in table if s.kernel in _PROXY_KERNELS
           for d in s.in_dtypes} - {None}
   return "+".join(f for f in ("bf16", "fp8_e4m3") if f in fmts) or "none"
 
 
-def bf16_proxy(step_fn: Callable, state, batch) -> Callable:
+def bf16_proxy(step_fn: Callable, state, batch, table=None) -> Callable:
   """``step_fn`` with every matmul and convolution one format below its own.
 
   Every ``dot_general`` and ``conv_general_dilated`` site of the step, in
@@ -276,12 +278,14 @@ def bf16_proxy(step_fn: Callable, state, batch) -> Callable:
     step_fn: the un-jitted train step.
     state: a state of the task (site discovery).
     batch: a batch of the task.
+    table: the step's site table when discovered already.
 
   Returns:
     The substituted (un-jitted) step; ``step_fn`` itself when the step has
     no matmul or convolution.
   """
-  table = _sites.discover_sites(step_fn, state, batch)
+  if table is None:
+    table = _sites.discover_sites(step_fn, state, batch)
   kernels = tuple(k for k in _PROXY_KERNELS
                   if any(s.kernel == k for s in table))
   if not kernels:
@@ -313,14 +317,20 @@ def probe(step_fn: Callable, jit: Callable[[Callable], Callable], *,
   if not at:
     return None
   built: list[Callable] = []
+  tables: list = []
+
+  def table():  # one discovery for the proxy step and its formats
+    if not tables:
+      tables.append(_sites.discover_sites(step_fn, state, batch))
+    return tables[0]
 
   def bf16_step() -> Callable:
     if not built:
-      built.append(jit(bf16_proxy(step_fn, state, batch)))
+      built.append(jit(bf16_proxy(step_fn, state, batch, table())))
     return built[0]
 
   return WeightProbe(at, GoldenParams(restore), bf16_step,
-                     lambda: proxy_formats(step_fn, state, batch))
+                     lambda: proxy_formats(step_fn, state, batch, table()))
 
 
 __all__ = ["METRICS", "Tracker", "GoldenParams", "WeightProbe", "bf16_proxy",
