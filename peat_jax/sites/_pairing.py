@@ -42,6 +42,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax.extend import core as jex_core
 
 from peat_jax.sites import _composite
@@ -439,9 +440,31 @@ def analyze_backward(closed, table: Sequence[_sites.Site]) -> BackwardMap:
       kind[a] = "recompute"
     else:
       kind[a] = "kernel"
-  params = {a: dict(tree.eqns[a].params) for a, k in kind.items()
+  params = {a: _vjp_params(tree, a, pairs.get(a)) for a, k in kind.items()
             if k == "vjp"}
   return BackwardMap(pairs, unpaired, forward, kind, params)
+
+
+def _vjp_params(tree: _Tree, a, pair: Pair | None) -> dict:
+  """A transposed site's own parameters, and ``cotangent_dtype`` where the
+  operand's cotangent is narrower than the site's output.
+
+  A bf16 model's attention logits (bf16 operands, float32 result) are
+  transposed by a float32 dot whose result JAX rounds to the operand's
+  bf16 one equation later; a KUT's VJP returns that cotangent in the
+  operand's dtype (JAX's rule), so the two are compared there
+  (``profiler.playback_fi`` rounds the golden tap to it).
+  """
+  params = dict(tree.eqns[a].params)
+  if pair is None:
+    return params
+  operand = tree.eqns[pair.forward].invars[pair.operand].aval.dtype
+  out = tree.eqns[a].outvars[0].aval.dtype
+  if (jnp.issubdtype(operand, jnp.floating)
+      and jnp.issubdtype(out, jnp.floating)
+      and jnp.dtype(operand).itemsize < jnp.dtype(out).itemsize):
+    params["cotangent_dtype"] = jnp.dtype(operand).name
+  return params
 
 
 def _composite_forwards(tree: _Tree, table) -> dict:

@@ -303,3 +303,61 @@ def test_explicitly_named_backward_site_runs_the_vjp_alone():
   _, taps = jax.jit(S.tap(step_fn, S.Substitution(
       _scaled_rhs_kut, sites=tuple(bwd), backward="kut")))(state, batch)
   assert sorted(taps) == sorted(bwd)
+
+
+# ----------------------------------- a wider result than its operands (bf16)
+
+
+class Logits(nnx.Module):
+  """bf16 operands, float32 result: a bf16 model's attention logits."""
+
+  def __init__(self, rngs):
+    self.l1 = nnx.Linear(32, 48, rngs=rngs)
+    self.l2 = nnx.Linear(48, 4, rngs=rngs)
+
+  def __call__(self, x):
+    h = self.l1(x).astype(jnp.bfloat16)
+    w = self.l2.kernel[...].astype(jnp.bfloat16)
+    return lax.dot_general(h, w, (((1,), (0,)), ((), ())),
+                           preferred_element_type=jnp.float32)
+
+
+def test_a_narrow_operands_cotangent_is_compared_in_its_dtype():
+  """JAX transposes a bf16 x bf16 -> float32 dot by a float32 dot whose
+  result it rounds to bf16 one equation later; a KUT's VJP returns the
+  cotangent in bf16 (JAX's rule). The backward site compares both in
+  bf16: a correct native KUT there passes, where the float32 comparison
+  reads the shared rounding as the KUT's precision loss."""
+  from peat_jax import detector
+  from peat_jax import analyzer
+  from peat_jax.profiler.playback_fi import _site_records as R
+  step_fn, state, batch = _task(Logits, (64, 32), seed=3)
+  table = S.discover_sites(step_fn, state, batch)
+  fwd = [s for s in table if s.kernel == "dot_general" and s.phase == "fwd"
+         and s.in_dtypes[0] == "bfloat16"]
+  assert len(fwd) == 1
+  found = S.backward_sites(step_fn, state, batch, forward=[fwd[0].name])
+  narrow = [b for b in found if b.params.get("cotangent_dtype")]
+  assert [b.params["cotangent_dtype"] for b in narrow] == ["bfloat16"] * 2
+  wide = S.backward_sites(step_fn, state, batch, forward=[
+      s.name for s in table if s.kernel == "dot_general" and s.phase == "fwd"
+      and s.in_dtypes[0] == "float32"])
+  assert not any(b.params.get("cotangent_dtype") for b in wide)
+  kut = K.resolve_kut("native:matmul:default")[0].kut
+  tapped = jax.jit(S.tap(step_fn, S.Substitution(
+      kut, sites=tuple(b.site.name for b in narrow), backward="kut")))
+  _, taps = tapped(state, batch)
+  for b in narrow:
+    tp = taps[b.site.name]
+    assert tp.kut.dtype == jnp.float32  # the site's own output dtype
+    ref = R._site_reference(b.site, b.params, tp.inputs)
+    np.testing.assert_array_equal(  # the KUT's VJP holds bf16 values
+        np.asarray(tp.kut), np.asarray(tp.kut.astype(jnp.bfloat16), np.float32))
+    seen = R.as_trained(b.params, tp)
+    assert seen.golden.dtype == seen.kut.dtype == jnp.bfloat16
+    d = detector.detect(analyzer.analyze(seen.kut, seen.golden, ref),
+                        context={"kernel": "dot_general"})
+    assert d.verdict == "pass" and d.model in ("exact", "reordering"), d
+    raw = detector.detect(analyzer.analyze(tp.kut, tp.golden, ref),
+                          context={"kernel": "dot_general"})
+    assert raw.model.startswith("precision") and raw.verdict == "warn", raw

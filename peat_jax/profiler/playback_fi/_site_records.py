@@ -224,6 +224,7 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
     order.
   """
   laps.start()
+  sites = [(site, params, as_trained(params, tp)) for site, params, tp in sites]
   done = _device_signatures(sites, device_refs) if device_refs else {}
   # (site index, output index or None, signature, reduction, reference,
   # on host)
@@ -268,9 +269,35 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
                      if key not in ("evidence", "signature")}
     if k is not None:
       rec["output"] = k
+    if params.get("cotangent_dtype"):
+      rec["compared_in"] = params["cotangent_dtype"]
     out.append(tag_backward(rec, backward))
     laps.lap("records")
   return out
+
+
+def as_trained(params: dict, tp: _sites.Tap) -> _sites.Tap:
+  """A transposed site's tap in the dtype training reads its result in.
+
+  Where the operand's cotangent is narrower than the site's output
+  (``params["cotangent_dtype"]``, see ``sites._pairing``), golden's
+  result is rounded to it one equation later and the KUT's VJP returns
+  it already rounded (JAX's rule); both are compared in that dtype, so
+  the rounding they share is not read as the KUT's precision.
+
+  Args:
+    params: the site's record parameters.
+    tp: its tap.
+
+  Returns:
+    The tap, its golden and KUT outputs cast to the cotangent's dtype
+    (unchanged without ``cotangent_dtype`` or a KUT output).
+  """
+  dtype = params.get("cotangent_dtype")
+  if not dtype or tp.kut is None or isinstance(tp.golden, tuple):
+    return tp
+  return tp._replace(golden=jnp.asarray(tp.golden).astype(dtype),
+                     kut=jnp.asarray(tp.kut).astype(dtype))
 
 
 def output_name(site: str, output: int) -> str:
