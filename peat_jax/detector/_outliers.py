@@ -32,7 +32,8 @@ import numpy as np
 
 from peat_jax import core as _core
 from peat_jax.detector._facts import (
-    Candidate, FORMAT_MAX, MIN_PATTERN, NARROW_FORMATS, _Facts, _pct)
+    Candidate, FORMAT_MAX, MIN_PATTERN, NARROW_FORMATS, PERMUTED_ERROR,
+    _Facts, _pct)
 
 #: The ftz threshold of each narrow format: its smallest normal.
 _MIN_NORMAL = {k: _core.FORMATS[k].min_normal for k in NARROW_FORMATS}
@@ -41,9 +42,6 @@ SPARSE_SHARE = 0.01
 #: A shift / transpose / permutation needs this share of matches.
 MATCH_SHARE = 0.9
 
-#: A permutation's largest moved value errs by at least this share of the
-#: RMS of golden (two random places of one tensor differ by about the RMS).
-PERMUTED_ERROR = 2.0 ** -4
 
 
 def _covers(c: Candidate, n: int) -> Candidate:

@@ -232,7 +232,7 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
     out.append(Candidate(
         "reordering", conf,
         f"unbiased rounding noise: median relative error {level:.3g} "
-        f"({level / f.u:.3g} u(fp32)), bias {float(s['bias']):+.2f}, "
+        f"({level / f.u:.3g} u({f.work})), bias {float(s['bias']):+.2f}, "
         f"{f.larger} up / {f.smaller} down; {floor}",
         {"level_u": level / f.u}))
     return out

@@ -47,7 +47,7 @@ are marked *, everything else may be missing or ``None``::
     verdict*     "pass"|"warn"|"fail"
     steps        [int]   checkpoint steps of the per-step lists below
     noise_ratio  [float] pseudo-error RMS / noise floor, per step
-    rel_rms      [float] relative RMS error, per step
+    rel_rms      [float] relative RMS error against the tensor's scale, per step
     share_differ [float] share of differing elements, per step
     rel_hist     {"edges": [float] (n+1), "counts": [int] (n)}
     ulp_hist     [int]   bucket 0: distance 0; bucket k: [2**(k-1), 2**k)

@@ -102,3 +102,68 @@ def test_values_written_into_cancelled_rows_are_faults(golden, size):
   diag = _diag(t, g, r)
   assert diag.verdict == "fail", (diag.model, diag.evidence)
   assert diag.model not in ("reordering", "exact", "precision")
+
+
+# ------------------------------------------- bf16: rows that nearly cancel
+
+
+#: The llama scenario's attention size (B 4 of its 8, T 64, 4 heads of 32).
+B16, T16 = 4, 64
+
+
+def _bf16_case(seed):
+  """Causal attention in bf16: golden's dQ (jax.nn.dot_product_attention,
+  a bf16 model's attention) and its float64 reference."""
+  rng = np.random.default_rng(seed)
+  q, k, v = (rng.standard_normal((B16, T16, H, D)) for _ in range(3))
+  do = 1e-3 * rng.standard_normal((B16, T16, H, D))
+  att = lambda a, b, c: jax.nn.dot_product_attention(a, b, c, is_causal=True)
+  args = [jnp.asarray(x, jnp.bfloat16) for x in (q, k, v, do)]
+  g = jax.vjp(att, *args[:3])[1](args[3])[0]
+  with jax.enable_x64():
+    r = np.asarray(jax.vjp(att, *(jnp.asarray(np.asarray(x, np.float64))
+                                  for x in args[:3]))[1](
+                                      jnp.asarray(np.asarray(args[3],
+                                                             np.float64)))[0])
+  return args, g, r
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_torch_sdpa_bf16_backward_passes(seed):
+  """torch's SDPA backward in bf16 forms D = rowsum(dO * O) from the bf16
+  output: rows that nearly cancel (the second query sees two keys) keep
+  errors of u(bf16) x the tensor's RMS, 50-100 units of their own size.
+  A 16-bit record sizes rows at least 1/4 of the tensor's RMS
+  (ROW_FLOOR16): those are rounding, and the kernel passes."""
+  torch = pytest.importorskip("torch")
+  from peat_jax.analyzer.signature import _decompose  # pylint: disable=protected-access
+  assert _decompose.ROW_FLOOR16 == 2.0 ** -2
+  (q, k, v, do), g, r = _bf16_case(seed)
+  tt = lambda x: torch.tensor(np.asarray(x, np.float32).transpose(
+      0, 2, 1, 3)).to(torch.bfloat16)
+  qt, kt, vt = (tt(x).requires_grad_(True) for x in (q, k, v))
+  out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt,
+                                                         is_causal=True)
+  out.backward(tt(do))
+  t = jnp.asarray(qt.grad.float().numpy().transpose(0, 2, 1, 3),
+                  jnp.bfloat16)
+  diag = cal.diagnose(t, g, jnp.asarray(r), {"kernel": "attention",
+                                             "reduction": T16},
+                      dtype=jnp.bfloat16)
+  assert diag.verdict == "pass", (diag.model, diag.evidence)
+  assert diag.model in ("exact", "reordering"), diag.evidence
+
+
+def test_a_value_in_a_nearly_cancelled_bf16_row_is_a_fault():
+  """A tenth of the tensor's RMS written into the second query's dQ row
+  stands beyond the envelope at the floor's size (1/32 of the RMS
+  would not: in a 16-bit record that is rounding of the tensor's
+  intermediates)."""
+  _, g, r = _bf16_case(0)
+  rms = float(np.sqrt(np.mean(r * r)))
+  t = g.at[0, 1, 1, :8].set(jnp.bfloat16(0.1 * rms))
+  diag = cal.diagnose(t, g, jnp.asarray(r), {"kernel": "attention",
+                                             "reduction": T16},
+                      dtype=jnp.bfloat16)
+  assert diag.verdict == "fail", (diag.model, diag.evidence)
+  assert diag.model not in ("reordering", "exact", "precision")

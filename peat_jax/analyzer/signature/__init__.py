@@ -33,3 +33,4 @@ from peat_jax.analyzer.signature._signature import SHIFT_RANGE as SHIFT_RANGE
 from peat_jax.analyzer.signature._signature import Signature as Signature
 from peat_jax.analyzer.signature._signature import SignatureState as SignatureState
 from peat_jax.analyzer.signature._signature import TILE_SIZES as TILE_SIZES
+from peat_jax.analyzer.signature._scaled import relative_to_scale as relative_to_scale

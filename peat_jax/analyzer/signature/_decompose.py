@@ -84,6 +84,16 @@ DENSE_FACTOR = 16.0
 #: in for its row RMS (float32's unit roundoff: below it a row is rounding
 #: residue at any working precision).
 CANCELLED_ROW = 2.0 ** -24
+#: A 16-bit record's rows are sized at least this share of the tensor's
+#: RMS. A 16-bit kernel rounds its intermediates at the tensor's scale
+#: (torch's SDPA backward forms D = rowsum(dO * O) from the bf16 output
+#: O), and a row that nearly cancels (the second query of causal
+#: attention: two keys) keeps errors of up to ~6 u x the tensor's RMS,
+#: 40-110 units of its own size: rounding all the same. Below a quarter
+#: of the tensor's RMS a row is judged as that size (relative errors
+#: against a floor); an outlier there is beyond 32 units of u x RMS / 4,
+#: 3% of the tensor's RMS in bf16.
+ROW_FLOOR16 = 2.0 ** -2
 #: Bins of the value (sign and quarter octaves of |r| / rms) for the
 #: "error is a function of the value" statistic.
 VALUE_BINS = 128
@@ -362,6 +372,8 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   row_rms = jnp.sqrt(row_ms)
   all_rms = jnp.sqrt(jnp.sum(row_ms * row_n) / jnp.maximum(jnp.sum(row_n), 1))
   row_rms = jnp.where(row_rms <= CANCELLED_ROW * all_rms, all_rms, row_rms)
+  if nbits == 16:
+    row_rms = jnp.maximum(row_rms, ROW_FLOOR16 * all_rms)
   scale = jnp.abs(r) + row_rms[:, None]
   tiny = jnp.finfo(cdt).tiny
   unit = u * jnp.maximum(scale, tiny)
