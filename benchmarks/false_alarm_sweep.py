@@ -4,7 +4,7 @@ Usage::
 
   python benchmarks/false_alarm_sweep.py [--scenarios=cnn,vit,gpt] \
       [--workdir=/tmp/peat_sweep] [--steps=60] [--checkpoint_every=20] \
-      [--torch] [--backward=golden|kut]
+      [--torch] [--backward=golden|kut] [--kuts=spec,spec]
 
   # the bf16 scenarios, torch kernels too, forward and backward
   python benchmarks/false_alarm_sweep.py --scenarios=llama,vit_bf16 \
@@ -54,6 +54,8 @@ _EVERY = flags.DEFINE_integer("checkpoint_every", 20,
 _TORCH = flags.DEFINE_bool("torch", False, "Also the bridge's torch kernels.")
 _BACKWARD = flags.DEFINE_enum("backward", "golden", ["golden", "kut"],
                               "The KUT's VJP at backward sites too (kut).")
+_KUTS = flags.DEFINE_list(
+    "kuts", None, "Only these KUT specs of the sweep's list (default: all).")
 
 KERNELS = ("matmul", "conv2d", "softmax", "layer_norm", "rms_norm", "silu",
            "rope")
@@ -83,6 +85,12 @@ def main(argv):
   if _TORCH.value:
     import peat_jax.bridges  # noqa: F401  pylint: disable=g-import-not-at-top
     kuts += list(TORCH_KUTS)
+  if _KUTS.value:
+    unknown = sorted(set(_KUTS.value) - set(kuts))
+    if unknown:
+      print(f"--kuts {unknown} are not in the sweep's list: {kuts}")
+      sys.exit(2)
+    kuts = [k for k in kuts if k in _KUTS.value]
   print(f"KUTs: {', '.join(kuts)}")
   false_alarms, total = 0, collections.Counter()
   t_all = time.time()

@@ -34,6 +34,7 @@ from peat_jax import models
 from peat_jax.kernels import native
 from peat_jax.kernels import EXPECTED_ERROR_MODEL
 from peat_jax.models import layers
+from flax import nnx
 
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16", "float16"],
                             "Input dtypes of the tensor-injection cases.", flag_values=FLAGS)
@@ -66,7 +67,14 @@ SOURCES = {
     "cnn": dict(batch_size=32),
     # A pretrained encoder's sites (all-MiniLM-L6-v2, finetuned on topics).
     "minilm_finetune": dict(batch_size=16),
+    # bf16 mixed precision: a Llama-style decoder (RMSNorm, RoPE, SwiGLU,
+    # grouped-query attention) and the ViT; their sites' inputs are bf16.
+    "llama": dict(batch_size=8, context=64),
+    "vit_bf16": dict(batch_size=32),
 }
+_SOURCES = flags.DEFINE_list(
+    "sources", list(SOURCES), "Source models whose site inputs are the "
+    f"cases (of {', '.join(SOURCES)}).", flag_values=FLAGS)
 
 
 def _capture(name: str, overrides: dict, warmup: int, kernels: tuple[str, ...]):
@@ -75,9 +83,13 @@ def _capture(name: str, overrides: dict, warmup: int, kernels: tuple[str, ...]):
   state = task.init_state(0)
   for pos in range(warmup):
     state, _ = task.train_step(state, task.batch_at(pos))
+  batch = task.batch_at(warmup)
+  present = {s.kernel for s in peat.discover_sites(task.step_fn, state, batch)
+             if s.phase == "fwd"}
   step = jax.jit(peat.tap(task.step_fn, *[
-      peat.Substitution(None, kernel=k, phase="fwd") for k in kernels]))
-  _, taps = step(state, task.batch_at(warmup))
+      peat.Substitution(None, kernel=k, phase="fwd") for k in kernels
+      if k in present]))
+  _, taps = step(state, batch)
   return taps
 
 
@@ -117,6 +129,56 @@ def _conv_golden(x, w):
                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
+def _rms_norm_golden(x, scale, eps=1e-6):
+  """``nnx.RMSNorm`` as the llama scenario builds it (float32 scale)."""
+  layer = nnx.RMSNorm(x.shape[-1], epsilon=eps, dtype=x.dtype,
+                      param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+  layer.scale[...] = scale
+  return layer(x)
+
+
+def _rms_norm_case(source, inputs, rows):
+  x, scale = inputs[:2]
+  return peat.detector.CalibrationCase(
+      "rms_norm", source, _rms_norm_golden, (_rows(x, rows), scale),
+      reduction=int(x.shape[-1]),
+      reference_fn=peat.analyzer.reference_rms_norm)
+
+
+def _silu_case(source, inputs, rows):
+  gate, up = inputs[:2]
+  return peat.detector.CalibrationCase(
+      "silu", source, layers.swiglu.__wrapped__,
+      (_rows(gate, rows), _rows(up, rows)),
+      reference_fn=peat.analyzer.reference_silu)
+
+
+def _rope_case(source, inputs, rows):
+  x, positions = inputs[:2]
+  del rows
+  return peat.detector.CalibrationCase(
+      "rope", source, layers.rope.__wrapped__, (x[:4], positions),
+      reference_fn=peat.analyzer.reference_rope)
+
+
+def _gqa_case(source, inputs, rows):
+  q, k, v = inputs[:3]
+  del rows
+  golden = functools.partial(jax.nn.dot_product_attention, is_causal=True)
+  return peat.detector.CalibrationCase(
+      "attention", source, golden, (q[:4], k[:4], v[:4]),
+      reduction=int(k.shape[1]),
+      reference_fn=functools.partial(peat.analyzer.reference_attention,
+                                     is_causal=True))
+
+
+#: The llama scenario's kernels (``jax.nn.dot_product_attention`` is its
+#: attention: causal, grouped-query); the other scenarios' attention is
+#: ``layers.attention``.
+_LLAMA_CASES = {"rms_norm": _rms_norm_case, "silu": _silu_case,
+                "rope": _rope_case}
+
+
 def build_cases(rows: int = 256, warmup: int = 30,
                 sources=SOURCES) -> list[peat.detector.CalibrationCase]:
   """Calibration cases from site inputs captured in the models' training.
@@ -146,7 +208,7 @@ def build_cases(rows: int = 256, warmup: int = 30,
       continue
     taps = _capture(name, overrides, warmup,
                     ("dot_general", "softmax", "layer_norm", "gelu",
-                     "attention"))
+                     "attention", "rms_norm", "silu", "rope"))
     picked = {}
     for site, tp in sorted(taps.items()):
       kernel = site.split("/")[-1].split(":")[0]
@@ -161,11 +223,15 @@ def build_cases(rows: int = 256, warmup: int = 30,
                           (_rows(lhs, rows), rhs), reduction=int(rhs.shape[0]),
                           native=_native("matmul", int(rhs.shape[1])),
                           native_variants=EXPECTED_ERROR_MODEL["matmul"]))
-      elif kernel in ("softmax", "layer_norm", "gelu", "attention"):
+      elif kernel in ("softmax", "layer_norm", "gelu", "attention",
+                      "rms_norm", "silu", "rope"):
         if picked.get(kernel):
           continue
         picked[kernel] = 1
-        if kernel == "softmax":
+        if kernel in _LLAMA_CASES:
+          cases.append(_LLAMA_CASES[kernel](f"{name} {site}", tp.inputs,
+                                            rows))
+        elif kernel == "softmax":
           (x,) = tp.inputs
           cases.append(Case("softmax", f"{name} {site}", jax.nn.softmax,
                             (_rows(x, rows),), reduction=int(x.shape[-1]),
@@ -192,6 +258,8 @@ def build_cases(rows: int = 256, warmup: int = 30,
           cases.append(Case("gelu", f"{name} {site}",
                             functools.partial(jax.nn.gelu, approximate=False),
                             (_rows(x, rows),)))
+        elif name == "llama":
+          cases.append(_gqa_case(f"{name} {site}", tp.inputs, rows))
         else:
           q, k, v = tp.inputs[:3]
           mask = tp.inputs[3] if len(tp.inputs) > 3 else None
@@ -207,7 +275,12 @@ def main(argv):
   if _cli.stray(argv) is not None:
     return 2
   logging.set_verbosity(logging.WARNING)
-  cases = build_cases(_ROWS.value, _WARMUP.value)
+  unknown = sorted(set(_SOURCES.value) - set(SOURCES))
+  if unknown:
+    print(f"unknown --sources {unknown}; known: {', '.join(SOURCES)}")
+    return 2
+  cases = build_cases(_ROWS.value, _WARMUP.value,
+                      {k: SOURCES[k] for k in _SOURCES.value})
   print(f"{len(cases)} captured cases: " + ", ".join(
       sorted({c.kernel for c in cases})))
   seeds = [int(s) for s in _SEEDS.value]
@@ -224,6 +297,10 @@ def main(argv):
     print(f"{i:>2d} {label}")
   print(result.table())
   print(result.summary())
+  if _COMPOSED.value:
+    print()
+    print("By base and dtype:")
+    print(peat.detector.composed_by_base(result.records))
   right = (peat.detector.family_correct if _COMPOSED.value
            else peat.detector.is_correct)
   print()

@@ -25,6 +25,7 @@ from peat_jax.detector._calibration import reliability as reliability
 from peat_jax.detector._calibration import reliability_table as reliability_table
 from peat_jax.detector._calibration import run_calibration as run_calibration
 from peat_jax.detector._composed import family as family
+from peat_jax.detector._composed import by_base as composed_by_base
 from peat_jax.detector._composed import family_correct as family_correct
 from peat_jax.detector._composed import run_composed_calibration as run_composed_calibration
 from peat_jax.detector._detect import detect as detect

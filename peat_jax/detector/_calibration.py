@@ -50,6 +50,10 @@ class CalibrationCase:
       softmax), given to the Detector as context.
     native: ``variant -> callable(*inputs)`` for native KUTs, or None.
     native_variants: ``{variant: expected model}`` for ``native``.
+    reference_fn: the float64 reference of the call (None: ``golden_fn``
+      run on float64 copies, right when it has no dtype of its own
+      inside; a bf16 model's kernels cast to float32 inside and need
+      theirs, e.g. ``peat.analyzer.reference_rope``).
   """
 
   kernel: str
@@ -59,6 +63,7 @@ class CalibrationCase:
   reduction: int | None = None
   native: Callable[[str], Callable[..., jax.Array]] | None = None
   native_variants: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  reference_fn: Callable[..., Any] | None = None
 
 
 class CalibrationRecord(NamedTuple):
@@ -241,7 +246,7 @@ def probe_of(case: "CalibrationCase", inputs: tuple) -> tuple:
 
 def reference_of(case: CalibrationCase, inputs: tuple):
   """The float64 reference of a case's golden function on ``inputs``."""
-  return _analyzer.reference(case.golden_fn, *inputs)
+  return _analyzer.reference(case.reference_fn or case.golden_fn, *inputs)
 
 
 def bit_equal(a, b) -> bool:

@@ -86,21 +86,67 @@ def _bases(case: _cal.CalibrationCase, inputs: tuple, g: jax.Array
     t = _injectors.inject("reordering", jax.random.PRNGKey(11), g,
                           share=0.5, ulps=1)
     out.append(("noise", "reordering", t))
+  return out + _precision_bases(case, inputs, g, {n for n, _, _ in out})
+
+
+#: Input formats of the precision bases (coarser than the case's dtype).
+PRECISION_BASES = ("tf32", "bf16", "fp16")
+#: GEMM-like kernels whose 16-bit cases get a bf16/fp16 accumulator base.
+_ACCUMULATING = ("matmul", "conv", "attention")
+
+
+def _precision_bases(case: _cal.CalibrationCase, inputs: tuple, g: jax.Array,
+                     have: set) -> list[tuple[str, str, jax.Array]]:
+  """A correct kernel run in reduced precision: the golden kernel on its
+  floating inputs rounded to each format of PRECISION_BASES with fewer
+  mantissa bits than the case's dtype (``precision:<fmt>``; a native
+  ``in_<fmt>`` variant, where there is one, stands for it), and for 16-bit
+  GEMM cases an accumulator of the case's own format
+  (``accumulation:<fmt>``: 16-term chunks rounded into it)."""
+  own = _core.format_of(g.dtype)
+  out = []
+  for fmt in PRECISION_BASES:
+    f = _core.FORMATS[fmt]
+    if f.mantissa_bits >= own.mantissa_bits or f"native:in_{fmt}" in have:
+      continue
+    rounded = tuple(
+        _injectors.inject(f"precision:{fmt}", jax.random.PRNGKey(0), x)
+        if jnp.issubdtype(x.dtype, jnp.floating) else x for x in inputs)
+    t = jax.jit(case.golden_fn)(*rounded)
+    if _cal.bit_equal(t, g):
+      continue  # the inputs hold the format's values already (a bf16
+      # model's activations in float32): no precision base here
+    out.append((f"in_{fmt}", f"precision:{fmt}", t))
+  if jnp.dtype(g.dtype).itemsize == 2 and case.kernel in _ACCUMULATING:
+    fmt = {"bfloat16": "bf16", "float16": "fp16"}[jnp.dtype(g.dtype).name]
+    kut = _injectors.injecting_kernel(f"accumulation:{fmt}", case.golden_fn,
+                                      chunk=16)
+    t = jax.jit(kut)(*inputs, inject_key=jax.random.PRNGKey(5))
+    out.append((f"acc_{fmt}", f"accumulation:{fmt}", t))
   return out
 
 
 #: Faults whose family cannot be told on a base of the same family.
-_SAME_FAMILY_SKIP = {"precision", "truncation", "ftz"}
+_SAME_FAMILY_SKIP = {"precision", "accumulation", "truncation", "ftz"}
 
 
 def _port_cases(case: _cal.CalibrationCase, inputs: tuple
                 ) -> list[tuple[str, str, jax.Array]]:
-  kind = {"layer_norm": "layer_norm", "softmax": "softmax",
-          "attention": "attention", "gelu": "gelu"}.get(case.kernel)
-  if kind is None:
-    return []
+  """The port mismatches of the case's kernel: ``ports.PORTS`` and, on a
+  16-bit case, the slips of a bf16 model's ports (``ports.LLAMA_PORTS``;
+  ``gqa_wrong_group`` only where there are fewer kv than query heads, and
+  there alone: PORTS' attention slips take one kv head per query head)."""
+  kind = case.kernel
+  found = dict(_ports.PORTS.get(kind, {}))
+  grouped = kind == "attention" and inputs[1].shape[-2] != inputs[0].shape[-2]
+  if grouped:  # PORTS' attention slips are of one kv head per query head
+    found = {}
+  if jnp.dtype(inputs[0].dtype).itemsize == 2:
+    found.update(_ports.LLAMA_PORTS.get(kind, {}))
+    if kind == "attention" and not grouped:
+      found.pop("gqa_wrong_group", None)  # exact with one kv head per head
   out = []
-  for name, fn in _ports.PORTS[kind].items():
+  for name, fn in found.items():
     t = jax.jit(lambda *a, fn=fn: _call_port(case, fn, a))(*inputs)
     out.append((name, _ports.EXPECTED_ERROR_MODEL[kind][name], t))
   return out
@@ -167,6 +213,15 @@ def run_composed_calibration(cases: Sequence[_cal.CalibrationCase], *,
   records: list[_cal.CalibrationRecord] = []
 
   def add(case, dtype, origin, error, expected, base, diag):
+    if isinstance(diag, Exception):  # the Detector raised: a wrong answer
+      if progress:
+        progress(f"  {case.kernel} {dtype} {origin}:{error}: the Detector "
+                 f"raised {type(diag).__name__}: {str(diag)[:200]}")
+      records.append(_cal.CalibrationRecord(
+          case.kernel, case.source, dtype, origin, error, expected,
+          f"raised:{type(diag).__name__}", 0.0, "fail", str(diag)[:200],
+          base=base, secondary=""))
+      return
     sec = diag.secondary.model if getattr(diag, "secondary", None) else ""
     records.append(_cal.CalibrationRecord(
         case.kernel, case.source, dtype, origin, error, expected,
@@ -181,12 +236,22 @@ def run_composed_calibration(cases: Sequence[_cal.CalibrationCase], *,
       inputs = tuple(jnp.asarray(x).astype(dt)
                      if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
                      else jnp.asarray(x) for x in case.inputs)
-      g = jax.jit(case.golden_fn)(*inputs)
+      try:
+        g = jax.jit(case.golden_fn)(*inputs)
+      except Exception as e:  # pylint: disable=broad-except
+        if progress:  # e.g. XLA:CPU has no float16 dot with float32 result
+          progress(f"  {case.kernel} {case.source}: skipped in {dtype}: the "
+                   f"golden kernel raised {type(e).__name__}: "
+                   f"{str(e)[:160]}")
+        continue
       r = _cal.reference_of(case, inputs)
       probe = _cal.probe_of(case, inputs)
       for bname, bexp, base in _bases(case, inputs, g):
-        control = _cal.diagnose(base, g, r, context, full=True, probe=probe,
-                                dtype=dt)
+        control = _guarded(lambda: _cal.diagnose(
+            base, g, r, context, full=True, probe=probe, dtype=dt))
+        if isinstance(control, Exception):
+          add(case, dtype, "control", bname, bexp, bexp, control)
+          continue
         theta = float(control[1].env_theta)
         add(case, dtype, "control", bname, bexp, bexp, control[0])
         for seed in seeds:
@@ -204,31 +269,65 @@ def run_composed_calibration(cases: Sequence[_cal.CalibrationCase], *,
             if not _stands_out(t, base, r, theta):
               continue  # within the base's own noise: not a fault here
             add(case, dtype, "composed", f"{name} {params} on {bname}",
-                expected, bexp, _cal.diagnose(t, g, r, context, probe=probe,
-                                              dtype=dt))
-    if ports:
-      inputs = tuple(jnp.asarray(x).astype(jnp.float32)
-                     if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
-                     else jnp.asarray(x) for x in case.inputs)
+                expected, bexp, _guarded(lambda: _cal.diagnose(
+                    t, g, r, context, probe=probe, dtype=dt)))
+    if ports:  # in the dtype the model trains in (float32, or bf16)
+      inputs = tuple(jnp.asarray(x) for x in case.inputs)
+      dtype = jnp.dtype(inputs[0].dtype).name
       g = jax.jit(case.golden_fn)(*inputs)
       r = _cal.reference_of(case, inputs)
       probe = _cal.probe_of(case, inputs)
       for name, expected, t in _port_cases(case, inputs):
         # Signature only (a runtime FI record, no inputs) and probed.
-        add(case, "float32", "port", name, expected, "exact",
-            _cal.diagnose(t, g, r, context))
-        add(case, "float32", "port+probe", name, expected, "exact",
-            _cal.diagnose(t, g, r, context, probe=probe))
+        add(case, dtype, "port", name, expected, "exact", _guarded(
+            lambda: _cal.diagnose(t, g, r, context, dtype=t.dtype)))
+        add(case, dtype, "port+probe", name, expected, "exact", _guarded(
+            lambda: _cal.diagnose(t, g, r, context, probe=probe,
+                                  dtype=t.dtype)))
     if progress:
       progress(f"{case.kernel:10s} {case.source}: {len(records)} cases so far")
   return summarize_families(records)
 
 
+#: Families that name one cause: a bitwise-equal output of a reordering
+#: base, and a narrow accumulator read as the precision of its format
+#: (the level rules tell them apart by how the error grows with K).
+_SAME_CAUSE = ({"exact", "reordering"}, {"accumulation", "precision"})
+
+
+def _guarded(fn):
+  """``fn()``, or the exception it raised (recorded as a wrong answer)."""
+  try:
+    return fn()
+  except Exception as e:  # pylint: disable=broad-except
+    return e
+
+
 def family_correct(r: _cal.CalibrationRecord) -> bool:
-  """Right family of the primary cause (exact counts as reordering)."""
+  """Right family of the primary cause (exact counts as reordering; an
+  accumulation in a narrow format as that format's precision)."""
   want, got = family(r.expected), family(r.predicted)
-  return want == got or (want == "reordering" and got == "exact") or (
-      want == "exact" and got == "reordering")
+  return want == got or any({want, got} <= pair for pair in _SAME_CAUSE)
+
+
+def by_base(records: Sequence[_cal.CalibrationRecord]) -> str:
+  """A Markdown table of the composed cases by base and dtype: cases, the
+  right family, false alarms (a control that fails) and misses (a fault
+  that passes). The base is the benign base's model (``exact``,
+  ``reordering``, ``precision:<fmt>``, ``accumulation:<fmt>``); port
+  mismatches have the golden kernel (``exact``) as theirs."""
+  rows: dict = {}
+  for r in records:
+    k = (r.base, r.dtype)
+    n, ok, fa, miss = rows.get(k, (0, 0, 0, 0))
+    rows[k] = (n + 1, ok + family_correct(r),
+               fa + (r.origin == "control" and r.verdict == "fail"),
+               miss + (r.origin != "control" and r.verdict == "pass"))
+  lines = ["| base | dtype | cases | right family | false alarms | misses |",
+           "| --- | --- | ---: | ---: | ---: | ---: |"]
+  for (base, dtype), (n, ok, fa, miss) in sorted(rows.items()):
+    lines.append(f"| {base} | {dtype} | {n} | {ok / n:.1%} | {fa} | {miss} |")
+  return "\n".join(lines)
 
 
 def summarize_families(records: Sequence[_cal.CalibrationRecord]

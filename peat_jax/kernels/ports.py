@@ -527,10 +527,10 @@ PORTS: types.MappingProxyType = types.MappingProxyType({
 })
 
 #: kind -> name -> a slip of a Llama-style model's port (the KUT signatures
-#: of ``_user.CONVENTIONS``). Kept apart from :data:`PORTS`, whose kinds the
-#: Detector's composed calibration runs on composite cases of its own (it
-#: has none yet for rms_norm, silu, rope, and its attention case has as many
-#: kv heads as query heads, where ``gqa_wrong_group`` is exact).
+#: of ``_user.CONVENTIONS``). Kept apart from :data:`PORTS`: the composed
+#: calibration runs these on its 16-bit cases (the ``llama`` and
+#: ``vit_bf16`` sites), ``gqa_wrong_group`` only where there are fewer kv
+#: heads than query heads (elsewhere it is exact).
 LLAMA_PORTS: types.MappingProxyType = types.MappingProxyType({
     "rms_norm": types.MappingProxyType({
         "rms_norm_acc_bf16": rms_norm_acc_bf16,
