@@ -128,7 +128,8 @@ def _bf16_case(seed):
   return args, g, r
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow),
+                                  pytest.param(2, marks=pytest.mark.slow)])
 def test_torch_sdpa_bf16_backward_passes(seed):
   """torch's SDPA backward in bf16 forms D = rowsum(dO * O) from the bf16
   output: rows that nearly cancel (the second query sees two keys) keep

@@ -55,9 +55,10 @@ IDS = [f"{c.__name__[1:]}-{jnp.dtype(d).name}-{b}" for c, d, b, _ in BASES]
 
 FAULTS = [
     ("bitflip", {"count": 3, "bits": -2}),  # an exponent bit (from the top)
-    ("zero", {"mode": "elements", "count": 8}),
     ("zero", {"mode": "rows", "count": 1}),
-    ("random_value", {"count": 5}),
+    pytest.param("zero", {"mode": "elements", "count": 8},
+                 marks=pytest.mark.slow),
+    pytest.param("random_value", {"count": 5}, marks=pytest.mark.slow),
 ]
 
 
@@ -82,8 +83,8 @@ def test_the_base_alone_is_its_format_and_never_fails(make, dtype, name,
 
 
 @pytest.mark.parametrize("fault,params", FAULTS,
-                         ids=[f[0] + "-" + str(i) for i, f in
-                              enumerate(FAULTS)])
+                         ids=["bitflip", "zero_rows", "zero_elements",
+                              "random_value"])
 @pytest.mark.parametrize("make,dtype,name,model", BASES, ids=IDS)
 def test_a_fault_over_reduced_precision_is_primary_and_fails(
     make, dtype, name, model, fault, params):
