@@ -114,3 +114,22 @@ def test_accumulation_and_precision_are_one_cause_in_the_score():
       origin="composed", expected="zero", predicted="reordering",
       verdict="pass")])
   assert "| accumulation:bf16 | bfloat16 | 2 | 50.0% | 0 | 1 |" in table
+
+
+def test_a_nan_over_an_attention_ports_precision_is_named_not_raised():
+  """The probe's attention scale fit read every candidate's RMS as NaN
+  when the KUT's output held one, and raised (All-NaN slice): a
+  campaign's record lost. The composed calibration found it."""
+  q, k, v = (_normal(s, (2, 16, 2, 32)) for s in (36, 37, 38))
+  case = detector.CalibrationCase(
+      "attention", "random",
+      functools.partial(layers.attention.__wrapped__, mask=None), (q, k, v),
+      reduction=16)
+  g = jax.jit(case.golden_fn)(*case.inputs)
+  bases = {n: t for n, _, t in comp._bases(case, case.inputs, g)}
+  t = injectors.inject("nan", jax.random.PRNGKey(2), bases["in_bf16"],
+                       count=3, kind="nan")
+  diag = cal.diagnose(t, g, cal.reference_of(case, case.inputs),
+                      {"kernel": "attention", "reduction": 16},
+                      probe=cal.probe_of(case, case.inputs), dtype=t.dtype)
+  assert diag.model == "nan" and diag.verdict == "fail", diag

@@ -138,11 +138,16 @@ def _fit_attention_scale(q, k, v, mask, t) -> float | None:
   a log-spaced scan from ``1/d**1.5`` to ``d``, refined by golden-section
   search on ``log c``."""
   d = q.shape[-1]
+  fin = np.isfinite(t)  # a NaN or Inf of the KUT's is no scale's doing
+  if not fin.any():
+    return None
   rms = lambda c: float(np.sqrt(np.mean(np.square(
-      _attention(q, k, v, mask, c) - t))))
+      (_attention(q, k, v, mask, c) - t)[fin]))))
   grid = np.exp(np.linspace(np.log(d ** -1.5), np.log(float(d)), 25))
   with np.errstate(all="ignore"):
     errs = [rms(c) for c in grid]
+    if not np.isfinite(errs).any():
+      return None
     i = int(np.nanargmin(errs))
     lo, hi = np.log(grid[max(i - 1, 0)]), np.log(grid[min(i + 1, 24)])
     phi = (math.sqrt(5) - 1) / 2
