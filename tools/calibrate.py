@@ -31,10 +31,10 @@ FLAGS = flags.FlagValues()  # this tool's own flags (see tools/_cli.py)
 
 import peat_jax as peat
 from peat_jax import models
+from peat_jax.kernels import checks
 from peat_jax.kernels import native
 from peat_jax.kernels import EXPECTED_ERROR_MODEL
 from peat_jax.models import layers
-from flax import nnx
 
 _DTYPES = flags.DEFINE_list("dtypes", ["float32", "bfloat16", "float16"],
                             "Input dtypes of the tensor-injection cases.", flag_values=FLAGS)
@@ -129,18 +129,10 @@ def _conv_golden(x, w):
                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
 
 
-def _rms_norm_golden(x, scale, eps=1e-6):
-  """``nnx.RMSNorm`` as the llama scenario builds it (float32 scale)."""
-  layer = nnx.RMSNorm(x.shape[-1], epsilon=eps, dtype=x.dtype,
-                      param_dtype=jnp.float32, rngs=nnx.Rngs(0))
-  layer.scale[...] = scale
-  return layer(x)
-
-
 def _rms_norm_case(source, inputs, rows):
   x, scale = inputs[:2]
   return peat.detector.CalibrationCase(
-      "rms_norm", source, _rms_norm_golden, (_rows(x, rows), scale),
+      "rms_norm", source, checks.rms_norm_golden, (_rows(x, rows), scale),
       reduction=int(x.shape[-1]),
       reference_fn=peat.analyzer.reference_rms_norm)
 

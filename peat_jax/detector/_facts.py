@@ -54,11 +54,11 @@ REORDERING_ENVELOPE = 16.0
 #: Least elements that must agree on a structural pattern (a stuck bit's
 #: polarity, a lane) before it is called a pattern: 8 random events share
 #: one polarity with probability 2**-7.
+MIN_PATTERN = 8
 #: A permutation's largest moved value errs by at least this share of the
 #: RMS of golden (two random places of one tensor differ by about the RMS;
 #: quantized outputs exchanging neighbouring values err by an ULP).
 PERMUTED_ERROR = 2.0 ** -4
-MIN_PATTERN = 8
 
 
 class Candidate(NamedTuple):

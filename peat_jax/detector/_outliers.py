@@ -43,7 +43,6 @@ SPARSE_SHARE = 0.01
 MATCH_SHARE = 0.9
 
 
-
 def _covers(c: Candidate, n: int) -> Candidate:
   return c._replace(params={**c.params, "covers": int(n)})
 

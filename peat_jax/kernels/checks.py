@@ -167,6 +167,16 @@ def _wide(x):
   return jnp.promote_types(x.dtype, jnp.float32)
 
 
+def rms_norm_golden(x, scale, eps=1e-6):
+  """``nnx.RMSNorm`` as a bf16 model builds it: x's dtype, a float32
+  scale (the llama scenario's and the stock model's norm)."""
+  from flax import nnx  # pylint: disable=g-import-not-at-top
+  layer = nnx.RMSNorm(x.shape[-1], epsilon=eps, dtype=x.dtype,
+                      param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+  layer.scale[...] = scale
+  return layer(x)
+
+
 def silu_golden(x, up=None):
   """jax.nn.silu in x's dtype; SwiGLU: float32 inside (float64 for a
   float64 reference), one rounding."""

@@ -17,11 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import peat_jax as peat
 from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
 from peat_jax.detector import _facts  # pylint: disable=protected-access
+from peat_jax.kernels import checks
 from peat_jax.kernels import ports
 from peat_jax.models import layers
 
@@ -30,13 +30,6 @@ BF16 = jnp.bfloat16
 
 def _rand(rng, shape, scale=1.0, shift=0.0):
   return jnp.asarray(shift + scale * rng.standard_normal(shape), BF16)
-
-
-def _golden_rms_norm(x, scale, eps=1e-6):
-  layer = nnx.RMSNorm(x.shape[-1], epsilon=eps, dtype=x.dtype,
-                      param_dtype=jnp.float32, rngs=nnx.Rngs(0))
-  layer.scale[...] = scale
-  return layer(x)
 
 
 def _case(kind, seed, small_rows=False):
@@ -49,7 +42,7 @@ def _case(kind, seed, small_rows=False):
       rows = np.exp(rng.uniform(np.log(5e-3), np.log(1.5e-2), (24, 1)))
       x = jnp.asarray(rows * rng.standard_normal((24, n)), BF16)
     scale = jnp.asarray(1.0 + 0.1 * rng.standard_normal(n), jnp.float32)
-    return (_golden_rms_norm, (x, scale, 1e-6), {},
+    return (checks.rms_norm_golden, (x, scale, 1e-6), {},
             peat.analyzer.reference_rms_norm, n)
   if kind == "silu":
     x, up = _rand(rng, (48, 96), 2.0), _rand(rng, (48, 96))
