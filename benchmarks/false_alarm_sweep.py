@@ -25,8 +25,9 @@ kernels (third-party implementations: ``F.rms_norm``, ``F.silu``, a torch
 rope, SDPA, ...); ``--backward=kut`` plays each KUT's own VJP at the
 backward sites too. A KUT a site refuses (a torch kernel of one dtype at a
 bf16 site with float32 parameters) is listed as refused. Prints one line
-per (scenario, KUT) and every record that does not pass; exits 1 on a
-false alarm.
+per (scenario, KUT) and every record that does not pass, the paths that
+decided the records (the triage screen, the decomposition, the port probe
+run whole or carried), then the totals; exits 1 on a false alarm.
 """
 
 import collections
@@ -93,6 +94,7 @@ def main(argv):
     kuts = [k for k in kuts if k in _KUTS.value]
   print(f"KUTs: {', '.join(kuts)}")
   false_alarms, total = 0, collections.Counter()
+  paths = collections.Counter()
   t_all = time.time()
   for scen in _SCENARIOS.value:
     task = models.get_task(scen)
@@ -120,6 +122,7 @@ def main(argv):
           (r["diagnosis"]["model"], r["diagnosis"]["verdict"])
           for r in pb.records)
       total.update(seen)
+      paths.update(r.get("decided_by", "(not recorded)") for r in pb.records)
       print(f"  {kut}: {len(pb.records)} records, "
             + ", ".join(f"{m} {v} x{n}" for (m, v), n in sorted(seen.items()))
             + f" ({time.time() - t0:.0f} s)")
@@ -131,6 +134,8 @@ def main(argv):
         false_alarms += bad
         print(f"    {'FALSE ALARM ' if bad else ''}{d['verdict']} "
               f"{d['model']} step {r['step']} {r['site']}: {d['evidence']}")
+  print("decided by: " + ", ".join(f"{k} x{n}"
+                                    for k, n in sorted(paths.items())))
   print(f"{sum(total.values())} records: "
         + ", ".join(f"{m} {v} x{n}" for (m, v), n in sorted(total.items()))
         + f"; false alarms {false_alarms}; {time.time() - t_all:.0f} s")

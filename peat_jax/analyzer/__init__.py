@@ -18,6 +18,12 @@ from peat_jax.analyzer.signature import analyze as analyze
 from peat_jax.analyzer.signature import analyze_batch as analyze_batch
 from peat_jax.analyzer.signature import analyze_split as analyze_split
 from peat_jax.analyzer.signature import analyze_split_many as analyze_split_many
+from peat_jax.analyzer.signature import decompose_split_many as decompose_split_many
+from peat_jax.analyzer.signature import decomposition as decomposition
+from peat_jax.analyzer.signature import screen as screen
+from peat_jax.analyzer.signature import screen_split_many as screen_split_many
+from peat_jax.analyzer.signature import with_decomposition as with_decomposition
+from peat_jax.analyzer.signature import Screen as Screen
 from peat_jax.analyzer.signature import signature_finalize as signature_finalize
 from peat_jax.analyzer.signature import signature_init as signature_init
 from peat_jax.analyzer.signature import signature_pure as signature_pure

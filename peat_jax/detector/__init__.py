@@ -10,7 +10,8 @@ ratio rising over the checkpoints, weights moved beyond the bf16 proxy),
 ``_composed`` (faults planted on a real port's own noise, and port
 mismatches), ``_outliers`` (faults read on the outliers of the
 noise-aware decomposition), ``_ports`` (another constant or closed
-form), ``_invariance`` (stale outputs, mutated inputs, batch
+form), ``_triage`` (the records the screen decides before any
+decomposition), ``_invariance`` (stale outputs, mutated inputs, batch
 variance, ignored inputs) and ``_invariance_calibration`` (their confusion
 matrix). docs/detector.md lists every rule with its
 derivation.
@@ -40,6 +41,7 @@ from peat_jax.detector._invariance import INVARIANCE_MODELS as INVARIANCE_MODELS
 from peat_jax.detector._invariance import invariance_candidates as invariance_candidates
 from peat_jax.detector._invariance import with_invariance as with_invariance
 from peat_jax.detector._invariance_calibration import run_invariance_calibration as run_invariance_calibration
+from peat_jax.detector._triage import triage as triage
 from peat_jax.detector._training import BENIGN_TRAINING_LIMIT as BENIGN_TRAINING_LIMIT
 from peat_jax.detector._training import BF16_PROXY_LIMIT as BF16_PROXY_LIMIT
 from peat_jax.detector._training import benign_far_below as benign_far_below

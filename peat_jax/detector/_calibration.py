@@ -31,6 +31,7 @@ from peat_jax import injectors as _injectors
 from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.detector import _facts
+from peat_jax.detector import _triage
 
 #: Predicted models that count as "no fault" for miss / false-alarm rates.
 BENIGN = ("exact", "reordering")
@@ -218,14 +219,25 @@ def _uint(dtype):
 
 def diagnose(t, g, r, context, repeat=None, dtype=None, full: bool = False,
              probe=None):
-  """The Detector's diagnosis of one produced output (analyze + detect);
-  with ``full``, ``(diagnosis, signature)``.
+  """The Detector's diagnosis of one produced output, as playback makes
+  it: the triage screen, and for a record it flags the decomposition, the
+  port probe and ``detect``; with ``full``, ``(diagnosis, signature)``
+  (the whole Signature, decomposed, either way).
 
   ``probe`` is ``(kind, args, kwargs, reference_fn)`` of the call: when
   the signature calls for it (peat.analyzer.needs_probe), the port probe
   runs as in playback and its result is the context's ``port``.
   """
-  sig = _analyzer.analyze(t, g, r)
+  if r is None or repeat is not None:
+    sig = _analyzer.analyze(t, g, r)
+  else:
+    sig, screen = jax.device_get(_analyzer.screen(t, g, r))
+    diag = _triage.triage(sig, screen, dtype=dtype)
+    if diag is None or full:
+      sig = _analyzer.with_decomposition(
+          sig, jax.device_get(_analyzer.decomposition(t, g, r)))
+    if diag is not None:
+      return (diag, sig) if full else diag
   rep = None if repeat is None else _analyzer.analyze(repeat, t)
   if probe is not None and r is not None and _analyzer.needs_probe(sig):
     kind, args, kwargs, fn = probe

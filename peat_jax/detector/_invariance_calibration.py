@@ -33,7 +33,6 @@ import numpy as np
 from peat_jax import analyzer as _analyzer
 from peat_jax import core as _core
 from peat_jax.detector import _calibration as _cal
-from peat_jax.detector import _detect
 from peat_jax.detector import _facts
 from peat_jax.detector import _invariance
 from peat_jax.core import PeatError
@@ -211,8 +210,7 @@ def run_invariance_calibration(cases: Sequence[_cal.CalibrationCase], *,
           kut, inputs, reference=ref_of, golden=[g], in_axes=in_axes,
           out_axes=out_axes)
       t = np.asarray(kut(*[jnp.array(x, copy=True) for x in inputs]))
-      sig = _analyzer.analyze(t, g, r)
-      diag = _detect.detect(sig, context=context)
+      diag = _cal.diagnose(t, g, r, context)  # triaged, as in playback
       out = facts["outputs"][0] if facts["outputs"] else {}
       diag = _invariance.with_invariance(
           diag, {"mutation": facts["mutation"], "outputs": [out]})

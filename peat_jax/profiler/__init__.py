@@ -98,6 +98,7 @@ from peat_jax.profiler.scaleout import init_distributed as init_distributed
 from peat_jax.profiler.scaleout import merge_shards as merge_shards
 from peat_jax.profiler.scaleout import sharded_playback as sharded_playback
 from peat_jax.profiler.playback_fi import site_record as site_record
+from peat_jax.profiler.playback_fi import ProbeCache as ProbeCache
 from peat_jax.profiler.golden import TrainState as TrainState
 from peat_jax.profiler.golden import TrainTask as TrainTask
 from peat_jax.profiler.campaigns import CampaignFiles as CampaignFiles

@@ -30,3 +30,7 @@ def test_reordering_variants_raise_no_alarm_in_playback(scenario, tmp_path):
   # Every record is exact or reordering.
   models = re.findall(r"(\w[\w:]*) (?:pass|warn|fail) x\d+", m.group(2))
   assert set(models) <= {"exact", "reordering"}, summary
+  # The triage screen decides these KUTs' records (issue 34).
+  paths = out.stdout.strip().splitlines()[-2]
+  screened = re.search(r"screen x(\d+)", paths)
+  assert screened and int(screened.group(1)) > 0, paths

@@ -42,6 +42,9 @@ import numpy as np
 
 from peat_jax import core as _core
 from peat_jax.analyzer.signature import analyze_split_many
+from peat_jax.analyzer.signature import decompose_split_many
+from peat_jax.analyzer.signature import screen_split_many
+from peat_jax.analyzer.signature import with_decomposition
 from peat_jax.analyzer.signature import split_reference
 from peat_jax.analyzer.references import reference_gelu
 from peat_jax.analyzer.references import reference_rms_norm
@@ -528,7 +531,8 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                reference_fn: Callable[..., Any] | None = None,
                reference_args: Sequence[Any] | None = None,
                signature: bool | str = True,
-               hypotheses: Mapping[str, Any] | None = None) -> dict | None:
+               hypotheses: Mapping[str, Any] | None = None,
+               only: str | None = None) -> dict | None:
   """Which port variant of a composite kernel the KUT's output matches.
 
   Args:
@@ -552,6 +556,9 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
       float64 output, e.g. ``{"inputs_bf16": ...}``: the same values
       ``reference_fn`` gives on the rounded inputs; playback computes them
       on the device for all sites at once).
+    only: try this hypothesis alone (its ``name``, e.g. ``inputs_bf16`` or
+      ``eps``): playback carries a site's probe to its later records, each
+      with its own magnitudes (and fitted constant), without the others.
 
   Returns:
     None when no hypothesis applies or the output is within the golden
@@ -576,6 +583,8 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
     hyps += _precision_hypotheses(
         kind, args if reference_args is None else reference_args,
         reference_fn, hypotheses)
+  if only is not None:
+    hyps = [h for h in hyps if h[1] == only]
   base = _ratio_base(t, r, fin)
   best = None
   for model, name, sentence, fn, fit in hyps:
@@ -618,7 +627,9 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
 
 
 def probe_signatures(probes: Sequence[dict | None],
-                     tests: Sequence[Any]) -> None:
+                     tests: Sequence[Any],
+                     cleared: Callable[[Any, Any], bool] | None = None
+                     ) -> None:
   """The re-based Signatures of many deferred probes, in one executable.
 
   For each probe made with ``signature="defer"`` whose hypothesis explains
@@ -633,6 +644,12 @@ def probe_signatures(probes: Sequence[dict | None],
     probes: ``port_probe`` results (None where no probe ran); modified in
       place.
     tests: the KUT output of each probe's record, in the same order.
+    cleared: triage (playback): given a re-based record's screen
+      (``screen_split_many``: its Signature without the decomposition, and
+      its Screen), whether it is inside the hypothesis's rounding envelope
+      with nothing left to explain; such a record keeps the screened
+      Signature (``decomposed`` False), the others are decomposed. None:
+      every one is decomposed.
 
   Raises:
     PeatError: as ``analyze_split_many``.
@@ -643,10 +660,20 @@ def probe_signatures(probes: Sequence[dict | None],
     return
   halves = [split_reference(p["hypothesis"], t.shape, batched=False)
             for p, t in todo]
-  sigs = analyze_split_many(
-      [t for _, t in todo],
-      [p["hypothesis"].astype(t.dtype) for p, t in todo],
-      [hi for hi, _ in halves], [lo for _, lo in halves], to_host=True)
+  args = ([t for _, t in todo],
+          [p["hypothesis"].astype(t.dtype) for p, t in todo],
+          [hi for hi, _ in halves], [lo for _, lo in halves])
+  if cleared is None:
+    sigs = analyze_split_many(*args, to_host=True)
+  else:
+    screens = screen_split_many(*args, to_host=True)
+    flagged = [i for i, (sig, scr) in enumerate(screens)
+               if not cleared(sig, scr)]
+    decs = decompose_split_many(*[[a[i] for i in flagged] for a in args],
+                                to_host=True)
+    sigs = [sig for sig, _ in screens]
+    for i, dec in zip(flagged, decs):
+      sigs[i] = with_decomposition(sigs[i], dec)
   for (p, _), sig in zip(todo, sigs):
     del p["hypothesis"]
     p["signature"] = sig

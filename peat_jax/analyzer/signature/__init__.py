@@ -8,7 +8,8 @@ statistics pass: one read of the elements into a mergeable state);
 ``_native`` (the same pass as a native XLA FFI kernel, CPU); ``_select``
 (an exact median in a few passes); ``_decompose`` (the noise-aware
 decomposition: a rounding envelope calibrated on the golden kernel, the
-outliers beyond it and their structure); ``_finalize`` (state ->
+outliers beyond it and their structure); ``_screen`` (the triage
+screen's envelope facts, from the decomposition's envelope); ``_finalize`` (state ->
 :class:`Signature`) and ``_api`` (the jitted entry points: ``analyze``,
 ``analyze_batch``, ``analyze_split``, the streaming ``signature_*``).
 """
@@ -17,6 +18,12 @@ from peat_jax.analyzer.signature._api import analyze as analyze
 from peat_jax.analyzer.signature._api import analyze_batch as analyze_batch
 from peat_jax.analyzer.signature._api import analyze_split as analyze_split
 from peat_jax.analyzer.signature._api import analyze_split_many as analyze_split_many
+from peat_jax.analyzer.signature._api import decompose_split_many as decompose_split_many
+from peat_jax.analyzer.signature._api import decomposition as decomposition
+from peat_jax.analyzer.signature._api import screen as screen
+from peat_jax.analyzer.signature._api import screen_split_many as screen_split_many
+from peat_jax.analyzer.signature._api import with_decomposition as with_decomposition
+from peat_jax.analyzer.signature._screen import Screen as Screen
 from peat_jax.analyzer.signature._api import signature_finalize as signature_finalize
 from peat_jax.analyzer.signature._api import signature_init as signature_init
 from peat_jax.analyzer.signature._api import signature_pure as signature_pure

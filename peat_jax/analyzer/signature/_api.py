@@ -18,10 +18,11 @@ from peat_jax.analyzer.signature._checks import (
     _check_dtype, _check_pair, split_reference)
 from peat_jax.analyzer.signature._bits import _from_bits, _uint
 from peat_jax.analyzer.signature._native import _accumulate_native
-from peat_jax.analyzer.signature._decompose import decompose
+from peat_jax.analyzer.signature._decompose import Decomposition, decompose
 from peat_jax.analyzer.signature._finalize import _finalize
 from peat_jax.analyzer.signature._pass import (
     _accumulate, _accumulate_bits, _merge, _view2d)
+from peat_jax.analyzer.signature._screen import Screen, screen_facts
 from peat_jax.analyzer.signature._signature import (
     Array, Signature, SignatureState, _bits_of)
 
@@ -77,11 +78,26 @@ _analyze_jit = jax.jit(
 _analyze_ref_jit = jax.jit(
     lambda t, g, hi, lo: _finalize(_accumulate_auto(t, g, hi, lo),
                                    decompose(t, g, hi, lo)))
-_analyze_many_jit = jax.jit(lambda ts, gs, his, los: [
-    _finalize(_accumulate_auto(t, g, hi, lo), decompose(t, g, hi, lo))
-    for t, g, hi, lo in zip(ts, gs, his, los)])
-_analyze_many_packed_jit = jax.jit(
-    lambda ts, gs, his, los: _pack(_analyze_many_jit(ts, gs, his, los)))
+# What one record of a many-record call computes: the whole Signature,
+# the triage screen (the Signature without its decomposition, and the
+# envelope facts), or the decomposition alone (of a record the screen
+# flagged).
+_PER_RECORD = {
+    "analyze": lambda t, g, hi, lo: _finalize(
+        _accumulate_auto(t, g, hi, lo), decompose(t, g, hi, lo)),
+    "screen": lambda t, g, hi, lo: (
+        _finalize(_accumulate_auto(t, g, hi, lo)),
+        screen_facts(t, g, hi, lo)),
+    "decompose": decompose,
+}
+_ONE_JIT = {"analyze": _analyze_ref_jit,
+            "screen": jax.jit(_PER_RECORD["screen"]),
+            "decompose": jax.jit(decompose)}
+_MANY_JIT = {k: jax.jit(lambda ts, gs, his, los, f=f: [
+    f(t, g, hi, lo) for t, g, hi, lo in zip(ts, gs, his, los)])
+             for k, f in _PER_RECORD.items()}
+_MANY_PACKED_JIT = {k: jax.jit(lambda ts, gs, his, los, m=m: _pack(
+    m(ts, gs, his, los))) for k, m in _MANY_JIT.items()}
 _PACK_LAYOUTS: dict = {}  # record shapes/dtypes -> _unpack_plan
 # The streaming form: the pass and the finalization separately.
 _accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
@@ -225,6 +241,120 @@ def analyze_split_many(tests: Sequence, goldens: Sequence,
   Raises:
     PeatError: as `analyze_split`, naming the record's index.
   """
+  return _split_many("analyze", tests, goldens, ref_his, ref_los, to_host)
+
+
+def screen_split_many(tests: Sequence, goldens: Sequence,
+                      ref_his: Sequence[Array], ref_los: Sequence[Array],
+                      *, to_host: bool = False
+                      ) -> list[tuple[Signature, Screen]]:
+  """The triage screen of many records (any shapes) in one executable.
+
+  Per record the Signature without its decomposition (``decomposed``
+  False, its fields neutral) and the :class:`Screen` facts; the
+  decomposition of the records the screen flags is
+  :func:`decompose_split_many`, and :func:`with_decomposition` joins the
+  two into the Signature `analyze_split_many` returns.
+
+  Args:
+    tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+    to_host: return NumPy fields (one transfer per dtype).
+
+  Returns:
+    ``(Signature, Screen)`` per record, in order.
+
+  Raises:
+    PeatError: as `analyze_split_many`.
+  """
+  return _split_many("screen", tests, goldens, ref_his, ref_los, to_host)
+
+
+def decompose_split_many(tests: Sequence, goldens: Sequence,
+                         ref_his: Sequence[Array], ref_los: Sequence[Array],
+                         *, to_host: bool = False) -> list[Decomposition]:
+  """The noise-aware decomposition alone of many records, one executable.
+
+  Args:
+    tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+    to_host: return NumPy fields (one transfer per dtype).
+
+  Each record runs the one-record executable of its shape (dispatched
+  back to back, fetched at once): the records a screen flags differ from
+  one checkpoint to the next, and an executable for each such subset
+  would compile again and again.
+
+  Returns:
+    The records' decompositions, in order (see :func:`with_decomposition`).
+
+  Raises:
+    PeatError: as `analyze_split_many`.
+  """
+  got = [_split_many("decompose", [t], [g], [hi], [lo], False)[0]
+         for t, g, hi, lo in zip(tests, goldens, ref_his, ref_los)]
+  return jax.device_get(got) if to_host else got
+
+
+def with_decomposition(sig: Signature, dec: Decomposition) -> Signature:
+  """A screened Signature completed by its decomposition: the Signature
+  `analyze` gives on the same record (the decomposition's fields are
+  independent of the rest).
+
+  Args:
+    sig: a Signature from the screen (``decomposed`` False).
+    dec: that record's decomposition.
+
+  Returns:
+    The Signature with the decomposition's fields.
+  """
+  return sig._replace(**dec._asdict())
+
+
+def screen(test, golden, reference=None) -> tuple[Signature, Screen]:
+  """The triage screen of one record (`screen_split_many` of one).
+
+  Args:
+    test, golden, reference: as `analyze`.
+
+  Returns:
+    ``(Signature without the decomposition, Screen)``.
+
+  Raises:
+    PeatError: as `analyze`.
+  """
+  return _one("screen", test, golden, reference)
+
+
+def decomposition(test, golden, reference=None) -> Decomposition:
+  """The noise-aware decomposition of one record (the fields `analyze`
+  adds to the screen's Signature; :func:`with_decomposition`).
+
+  Args:
+    test, golden, reference: as `analyze`.
+
+  Returns:
+    Its :class:`Decomposition`.
+
+  Raises:
+    PeatError: as `analyze`.
+  """
+  return _one("decompose", test, golden, reference)
+
+
+def _one(kind: str, test, golden, reference):
+  """One record's `kind` (screen, decompose) from host or device arrays."""
+  shape, dtype = _check_pair(test, golden, batched=False)
+  with _x64_scope(dtype):
+    t = _as_array(test, dtype)
+    g = _as_array(golden, dtype)
+    if reference is None:
+      hi = lo = None
+    else:
+      hi, lo = split_reference(reference, shape, batched=False)
+    return _ONE_JIT[kind](t, g, hi, lo)
+
+
+def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool):
+  """`kind` (analyze, screen, decompose) of many records, one executable."""
   if not len(tests) == len(goldens) == len(ref_his) == len(ref_los):
     raise PeatError("tests, goldens, ref_his and ref_los have lengths "
                     f"{len(tests)}, {len(goldens)}, {len(ref_his)}, "
@@ -245,54 +375,59 @@ def analyze_split_many(tests: Sequence, goldens: Sequence,
       ts.append(_as_array(t, dtype))
       gs.append(_as_array(g, dtype))
   his, los = list(ref_his), list(ref_los)
+  if not ts:
+    return []
   with _x64_scope(np.float64 if wide else np.float32):
     if len(ts) == 1:
-      # One record: `analyze`'s executable, shared with every analyze of
+      # One record: the one-record executable, shared with every call of
       # this shape and dtype (a many-record executable would be one more
       # compilation, and one more set of code mappings kept, per shape).
-      sig = _analyze_ref_jit(ts[0], gs[0], his[0], los[0])
-      return [jax.device_get(sig) if to_host else sig]
+      out = _ONE_JIT[kind](ts[0], gs[0], his[0], los[0])
+      return [jax.device_get(out) if to_host else out]
     if not to_host:
-      return list(_analyze_many_jit(ts, gs, his, los))
-    key = tuple((tuple(t.shape), str(t.dtype)) for t in ts)
+      return list(_MANY_JIT[kind](ts, gs, his, los))
+    key = (kind,) + tuple((tuple(t.shape), str(t.dtype)) for t in ts)
     if key not in _PACK_LAYOUTS:
       _PACK_LAYOUTS[key] = _unpack_plan(
-          jax.eval_shape(_analyze_many_jit, ts, gs, his, los))
-    packed = jax.device_get(_analyze_many_packed_jit(ts, gs, his, los))
+          jax.eval_shape(_MANY_JIT[kind], ts, gs, his, los))
+    packed = jax.device_get(_MANY_PACKED_JIT[kind](ts, gs, his, los))
   return _unpack(packed, _PACK_LAYOUTS[key])
 
 
-def _pack(sigs: list[Signature]) -> dict[str, Array]:
-  """All fields of many Signatures as one flat array per dtype (traced)."""
+def _pack(sigs: list) -> dict[str, Array]:
+  """All fields of many records' results (Signatures, screens,
+  decompositions) as one flat array per dtype (traced)."""
   groups: dict[str, list[Array]] = {}
   for sig in sigs:
-    for leaf in sig:
+    for leaf in jax.tree.leaves(sig):
       groups.setdefault(str(leaf.dtype), []).append(leaf.reshape(-1))
   return {k: jnp.concatenate(v) for k, v in groups.items()}
 
 
-def _unpack_plan(layout: list[Signature]) -> list[list[tuple]]:
-  """Where each field of each Signature lies in `_pack`'s arrays:
-  ``(dtype key, start, stop, shape)`` per field, per Signature."""
+def _unpack_plan(layout: list) -> list[tuple]:
+  """Where each field of each record's result lies in `_pack`'s arrays:
+  ``(tree structure, [(dtype key, start, stop, shape)] per field)`` per
+  record."""
   offsets: dict[str, int] = {}
   plan = []
   for sig in layout:
+    leaves, treedef = jax.tree.flatten(sig)
     fields = []
-    for leaf in sig:
+    for leaf in leaves:
       k, n = str(leaf.dtype), int(math.prod(leaf.shape))
       start = offsets.get(k, 0)
       offsets[k] = start + n
       fields.append((k, start, start + n, tuple(leaf.shape)))
-    plan.append(fields)
+    plan.append((treedef, fields))
   return plan
 
 
-def _unpack(packed: dict[str, np.ndarray], plan: list[list[tuple]]
-            ) -> list[Signature]:
+def _unpack(packed: dict[str, np.ndarray], plan: list[tuple]) -> list:
   """Inverse of `_pack` on the host, by an `_unpack_plan` (views, no
   copies: a few hundred fields cost well under a millisecond)."""
-  return [Signature(*[packed[k][a:b].reshape(shape)
-                      for k, a, b, shape in fields]) for fields in plan]
+  return [jax.tree.unflatten(treedef, [packed[k][a:b].reshape(shape)
+                                       for k, a, b, shape in fields])
+          for treedef, fields in plan]
 
 
 def analyze_batch(tests, goldens, references=None) -> Signature:

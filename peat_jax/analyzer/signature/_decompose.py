@@ -243,11 +243,17 @@ def _masked_median(z: Array, mask: Array, axis: int) -> Array:
   u = jnp.moveaxis(u, axis, -1)
   lo = jnp.zeros(u.shape[:-1], uty)
   hi = jnp.full(u.shape[:-1], np.iinfo(uty).max, uty)
-  for _ in range(np.dtype(uty).itemsize * 8):
+
+  def halve(_, bounds):
+    lo, hi = bounds
     half = lo + (hi - lo) // jnp.array(2, uty)
     enough = jnp.sum(u <= half[..., None], axis=-1) > mid
-    hi = jnp.where(enough, half, hi)
-    lo = jnp.where(enough, lo, half + jnp.array(1, uty))
+    return (jnp.where(enough, lo, half + jnp.array(1, uty)),
+            jnp.where(enough, half, hi))
+  # One step per bit, as a loop: XLA compiles its body once (unrolled, the
+  # 32 steps were a third of the decomposition's operations, and its
+  # compilation time per new shape).
+  lo, _ = lax.fori_loop(0, np.dtype(uty).itemsize * 8, halve, (lo, hi))
   med = lax.bitcast_convert_type(lo, z.dtype)
   return jnp.where(k > 0, med, jnp.inf)
 
@@ -332,25 +338,61 @@ def _shift_stats(t, r, unit, theta_g, out, rows: int, cols: int):
   return share(col_m, col_n), share(row_m, row_n), tshare, n
 
 
-def decompose(t: Array, g: Array, ref_hi: Array | None,
-              ref_lo: Array | None) -> Decomposition:
-  """The decomposition fields of one record (traced; see the module doc).
+class Envelope(NamedTuple):
+  """The golden rounding envelope of one record, in units of ``u * scale``
+  (the module doc): what the decomposition and the triage screen share.
+
+  Attributes (``R`` x ``C`` the 2-D view; ``cdt`` the compute dtype):
+    t2, g2: the records viewed (R, C), in their dtype.
+    tc, gc: the same in ``cdt``.
+    fin_t, fin_g: where they are finite.
+    r, lo: the reference's two halves (golden and zero without one).
+    fp: finite pairs with a finite reference.
+    row_rms: each row's size (the module doc's floors applied).
+    scale: ``|r| + row_rms``.
+    unit: ``u * scale`` (at least the format's tiny).
+    et, eg: ``|t - r|``, ``|g - r|`` over ``fp`` (0 elsewhere).
+    zt, zg: those in units.
+    golden_z: max ``zg``.
+    theta_g: the golden envelope (``ENVELOPE_FACTOR`` x ...).
+    has_ref: whether a reference was given (static).
+  """
+
+  t2: Array
+  g2: Array
+  tc: Array
+  gc: Array
+  fin_t: Array
+  fin_g: Array
+  r: Array
+  lo: Array
+  fp: Array
+  row_rms: Array
+  scale: Array
+  unit: Array
+  et: Array
+  eg: Array
+  zt: Array
+  zg: Array
+  golden_z: Array
+  theta_g: Array
+  has_ref: bool
+
+
+def envelope(t: Array, g: Array, ref_hi: Array | None,
+             ref_lo: Array | None) -> Envelope:
+  """The golden envelope of one record (traced; see the module doc).
 
   Args:
-    t: test record (validated float dtype, any shape).
-    g: golden record, same shape and dtype.
-    ref_hi: float32 high part of the float64 reference, or None.
-    ref_lo: its low part, or None.
+    t, g, ref_hi, ref_lo: as :func:`decompose`.
 
   Returns:
-    A :class:`Decomposition`.
+    An :class:`Envelope`.
   """
   dtype = np.dtype(t.dtype)
   rows, cols = _view2d(t.shape)
-  nbits = dtype.itemsize * 8
   cdt = jnp.float64 if dtype == np.float64 else jnp.float32
-  fmt = _core.format_of(dtype)
-  u = float(fmt.unit_roundoff)
+  u = float(_core.format_of(dtype).unit_roundoff)
   t2 = t.reshape(rows, cols)
   g2 = g.reshape(rows, cols)
   tc, gc = t2.astype(cdt), g2.astype(cdt)
@@ -372,7 +414,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   row_rms = jnp.sqrt(row_ms)
   all_rms = jnp.sqrt(jnp.sum(row_ms * row_n) / jnp.maximum(jnp.sum(row_n), 1))
   row_rms = jnp.where(row_rms <= CANCELLED_ROW * all_rms, all_rms, row_rms)
-  if nbits == 16:
+  if dtype.itemsize == 2:
     row_rms = jnp.maximum(row_rms, ROW_FLOOR16 * all_rms)
   scale = jnp.abs(r) + row_rms[:, None]
   tiny = jnp.finfo(cdt).tiny
@@ -390,6 +432,34 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   else:
     golden_z = jnp.float32(0)
     theta_g = jnp.asarray(NO_REFERENCE_Z, cdt)
+  return Envelope(t2, g2, tc, gc, fin_t, fin_g, r, lo, fp, row_rms, scale,
+                  unit, et, eg, zt, zg, golden_z, theta_g, has_ref)
+
+
+def decompose(t: Array, g: Array, ref_hi: Array | None,
+              ref_lo: Array | None) -> Decomposition:
+  """The decomposition fields of one record (traced; see the module doc).
+
+  Args:
+    t: test record (validated float dtype, any shape).
+    g: golden record, same shape and dtype.
+    ref_hi: float32 high part of the float64 reference, or None.
+    ref_lo: its low part, or None.
+
+  Returns:
+    A :class:`Decomposition`.
+  """
+  dtype = np.dtype(t.dtype)
+  rows, cols = _view2d(t.shape)
+  nbits = dtype.itemsize * 8
+  cdt = jnp.float64 if dtype == np.float64 else jnp.float32
+  fmt = _core.format_of(dtype)
+  e = envelope(t, g, ref_hi, ref_lo)
+  t2, g2, tc, gc, fin_t, fin_g = e.t2, e.g2, e.tc, e.gc, e.fin_t, e.fin_g
+  r, lo, fp, row_rms, scale, unit = e.r, e.lo, e.fp, e.row_rms, e.scale, e.unit
+  et, zt, zg, golden_z, theta_g = e.et, e.zt, e.zg, e.golden_z, e.theta_g
+  has_ref = e.has_ref
+  tiny = jnp.finfo(cdt).tiny
   # The KUT's own dense error (a port that rounds its inputs to bf16 is
   # beyond the golden envelope everywhere): outliers are also beyond
   # DENSE_FACTOR times its median, read from the percentile sample.

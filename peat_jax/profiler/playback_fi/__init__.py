@@ -2,13 +2,16 @@
 
 Private modules: ``_player`` (the jitted pair of steps, golden and
 substituted, with taps on identical inputs), ``_site_records`` (a
-checkpoint's records: references, signatures, diagnoses), ``_probe_refs``
+checkpoint's records: references, the triage screen, the
+decomposition of flagged records, the port probe carried per site,
+diagnoses), ``_probe_refs``
 (the port probe's batched references), ``_invariance`` (the invariance
 checks of ``invariance=True``), ``_timing`` (per-phase timers) and
 ``_playback`` (the driver over checkpoints: ``playback``,
 ``playback_many``).
 """
 
+from peat_jax.profiler.playback_fi._site_records import ProbeCache as ProbeCache
 from peat_jax.profiler.playback_fi._site_records import site_record as site_record
 from peat_jax.profiler.playback_fi._player import Player as Player
 from peat_jax.profiler.playback_fi._player import PlayerGroup as PlayerGroup

@@ -22,7 +22,7 @@ from peat_jax.profiler.playback_fi._timing import NO_LAPS, Laps
 from peat_jax.profiler.golden import TrainTask
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler.playback_fi._site_records import (
-    DeviceReferences, _SharedReferences, site_records)
+    DeviceReferences, ProbeCache, _SharedReferences, site_records)
 from peat_jax.profiler.playback_fi._invariance import InvarianceChecks
 
 
@@ -192,6 +192,9 @@ class Player:
                                  backward)
     self.site_names = [c.site.name for c in self.calls]
     self._store: dict = {}
+    # The port probe runs once per site (and screened class) per campaign;
+    # later records carry it (ProbeCache).
+    self._probe_cache = ProbeCache()
     self._invariance = (InvarianceChecks(self.calls, self._store)
                         if invariance else None)
     tapped = _sites.tap(task.step_fn, *[self._tap_sub(c) for c in self.calls])
@@ -302,7 +305,8 @@ class Player:
     recs = site_records([(c.site, self._store[c.site.name],
                           taps[c.site.name]) for c in self.calls],
                         self.kut_spec, int(step), refs,
-                        backward=self.backward, laps=laps)
+                        backward=self.backward, laps=laps,
+                        probe_cache=self._probe_cache)
     if self._invariance is not None:
       recs = self._invariance.annotate(int(step), recs, taps)
     gm, km = jax.device_get((gm, km))

@@ -8,7 +8,7 @@ sites are referenced on host copies."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -98,58 +98,84 @@ class DeviceReferences:
       return self._jit(which, inputs)
 
 
-def _device_signatures(sites, refs: DeviceReferences) -> dict[int, Any]:
-  """Signatures of the sites ``refs`` can serve: two dispatches in all."""
+class _Pending(NamedTuple):
+  """One record on its way: the pair, its reference, its screen."""
+
+  i: int  # site index
+  k: int | None  # output index of a site with several, or None
+  test: Any
+  gold: Any
+  ref: Any  # host float64 reference, or None (device halves instead)
+  hilo: tuple | None  # device (hi, lo) of the reference
+  sig: Any  # the Signature (screened; completed once flagged)
+  screen: Any  # its analyzer.Screen
+
+
+def _device_screens(sites, refs: DeviceReferences) -> list[_Pending]:
+  """Screens of the sites ``refs`` can serve: two dispatches in all (the
+  float64 references, then every screen), NumPy fields."""
   which = tuple(i for i, (site, _, tp) in enumerate(sites)
                 if refs.usable(i, site, tp))
   if not which:
-    return {}
+    return []
   hilo = refs(which, [tuple(sites[i][2].inputs) for i in which])
   ok = [(i, hl) for i, hl in zip(which, hilo)
         if np.shape(hl[0]) == np.shape(sites[i][2].golden)]
-  sigs = _analyzer.analyze_split_many(
+  got = _analyzer.screen_split_many(
       [sites[i][2].kut for i, _ in ok], [sites[i][2].golden for i, _ in ok],
       [hl[0] for _, hl in ok], [hl[1] for _, hl in ok], to_host=True)
-  return {i: sig for (i, _), sig in zip(ok, sigs)}
+  return [_Pending(i, None, sites[i][2].kut, sites[i][2].golden, None, hl,
+                   sig, scr) for (i, hl), (sig, scr) in zip(ok, got)]
 
 
-def _vjp_signatures(site: _sites.Site, params: dict, tp: _sites.Tap) -> list:
-  """Signatures of a composite's backward site: one per cotangent.
-
-  Returns:
-    ``[(output index or None, signature)]``: one entry (index None) when
-    the site has one output, else one per output.
-  """
+def _host_screens(i: int, site: _sites.Site, params: dict,
+                  tp: _sites.Tap) -> list[_Pending]:
+  """Screens (dispatched, not fetched) of a site referenced on host
+  copies: a forward site (one record: its first output), or a composite's
+  backward site (one record per cotangent)."""
   ref = _site_reference(site, params, tp.inputs)
   many = isinstance(tp.golden, tuple)
-  tests = tp.kut if many else (tp.kut,)
-  golds = tp.golden if many else (tp.golden,)
-  refs = ref if isinstance(ref, list) else [None] * len(golds)
+  if params.get("vjp"):
+    tests = tp.kut if many else (tp.kut,)
+    golds = tp.golden if many else (tp.golden,)
+    refs = ref if isinstance(ref, list) else [None] * len(golds)
+    keys = list(range(len(golds))) if many else [None]
+  else:
+    tests, golds = ((tp.kut[0],), (tp.golden[0],)) if many else (
+        (tp.kut,), (tp.golden,))
+    refs = [ref[0] if many and isinstance(ref, (tuple, list)) else ref]
+    keys = [None]
   out = []
-  for i, (t, g, r) in enumerate(zip(tests, golds, refs)):
+  for k, t, g, r in zip(keys, tests, golds, refs):
     if r is not None and np.shape(r) != np.shape(g):
       r = None
-    out.append((i if many else None, _analyzer.analyze(t, g, r)))
+    sig, scr = _analyzer.screen(t, g, r)
+    out.append(_Pending(i, k, t, g, r, None, sig, scr))
   return out
 
 
-def _signature(site: _sites.Site, params: dict, tp: _sites.Tap):
-  """Dispatches one site's signature (not waited for) and its context."""
-  ref = _site_reference(site, params, tp.inputs)
-  test, gold = tp.kut, tp.golden
-  if isinstance(gold, tuple):
-    test, gold = test[0], gold[0]
-    ref = ref[0] if isinstance(ref, (tuple, list)) else ref
-  if ref is not None and np.shape(ref) != np.shape(gold):
-    ref = None
-  return (_analyzer.analyze(test, gold, ref), _reduction(site, params), ref)
+def _decompose(flagged: Sequence[_Pending]) -> list[_Pending]:
+  """The flagged records completed by their decomposition (one dispatch
+  for the device-referenced ones, one transfer for all)."""
+  dev = [p for p in flagged if p.hilo is not None]
+  host = [p for p in flagged if p.hilo is None]
+  decs = _analyzer.decompose_split_many(
+      [p.test for p in dev], [p.gold for p in dev],
+      [p.hilo[0] for p in dev], [p.hilo[1] for p in dev], to_host=True)
+  decs += jax.device_get([_analyzer.decomposition(p.test, p.gold, p.ref)
+                          for p in host])
+  by = {id(p): d for p, d in zip(dev + host, decs)}
+  return [p._replace(sig=_analyzer.with_decomposition(p.sig, by[id(p)]))
+          for p in flagged]
 
 
-def _port_probe(site, params, tp, sig, ref=None, pre=None) -> dict | None:
+def _port_probe(site, params, tp, sig, ref=None, pre=None,
+                only: str | None = None) -> dict | None:
   """The port probe of a site whose signature calls for it
   (peat.analyzer.needs_probe: a dense error beyond the golden kernel's
   noise), or None: the composite's known constants and forms, and the
-  kernel on its inputs rounded to narrower formats."""
+  kernel on its inputs rounded to narrower formats (``only``: that
+  hypothesis alone)."""
   if not _analyzer.needs_probe(sig) or isinstance(tp.golden, tuple):
     return None
   if len(tp.inputs) != len(site.in_shapes) or any(
@@ -176,31 +202,115 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None) -> dict | None:
     return _analyzer.port_probe(
         site.kernel, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
         ref, reference_fn=lambda *xs: _site_reference(site, params, xs),
-        reference_args=inputs, hypotheses=hyps, signature="defer")
+        reference_args=inputs, hypotheses=hyps, signature="defer",
+        only=only)
   except (TypeError, ValueError, PeatError):
     return None
 
 
-def _probe_references(sites, pending, host, device_refs) -> dict:
-  """The port probe's float64 references of the device-analyzed sites that
-  need a probe, computed on the device at once (site index -> (reference,
-  hypotheses))."""
-  if not device_refs:
-    return {}
-  which = tuple(p[0] for p, sig in zip(pending, host)
-                if p[5] and _analyzer.needs_probe(sig))
-  return device_refs.probe_refs(which, [tuple(sites[i][2].inputs)
-                                        for i in which])
+def probe_class(sig) -> str:
+  """A record's screened class, as the probe cache keys it: what the
+  probe would be asked (a dense error, with or without NaN/Inf that
+  golden does not have)."""
+  nonfinite = int(np.asarray(sig.n_nonfinite_mismatch)) > 0
+  return "dense, non-finite" if nonfinite else "dense"
+
+
+class ProbeCache:
+  """A campaign's port probes, one per site (and screened class).
+
+  The first record of a site that needs the probe runs it whole; the
+  site's later records carry its answer (:meth:`carried`): the hypothesis
+  it found best is tried alone on the new record, which gets its own
+  ratio, distances, fitted constant and (where it explains) re-based
+  signature. Where that hypothesis no longer answers as it did (explains
+  where it did not, or the other way), the record runs the probe whole
+  again and its answer is carried from then on. A probe that found no
+  hypothesis to try is carried as it is.
+  """
+
+  def __init__(self):
+    self._found: dict[tuple[str, str], tuple[int, dict | None]] = {}
+
+  def carried(self, name: str, cls: str, step: int
+              ) -> tuple[int, dict | None] | None:
+    """``(step, probe)`` found at another step for the record name and
+    class, or None (a step played again probes whole again: its records
+    are those of its first play)."""
+    got = self._found.get((name, cls))
+    return None if got is None or got[0] == step else got
+
+  def keep(self, name: str, cls: str, step: int, probe: dict | None) -> None:
+    """Keeps a whole probe's answer (without its arrays)."""
+    self._found[(name, cls)] = (step, None if probe is None else {
+        k: v for k, v in probe.items()
+        if k not in ("hypothesis", "signature")})
+
+
+def _probes(sites, flagged: Sequence[_Pending], device_refs,
+            cache: ProbeCache | None, names: Sequence[str],
+            step: int) -> tuple[list, list[str]]:
+  """The port probe of each flagged record (None where none runs) and the
+  path that decided it: ``decomposition`` (no probe), ``probe`` (run
+  whole) or ``carried probe`` (an earlier record's, see
+  :class:`ProbeCache`)."""
+  want = [p.k is None and _analyzer.needs_probe(p.sig) for p in flagged]
+  carry = [cache.carried(n, probe_class(p.sig), step) if cache and w
+           else None for p, w, n in zip(flagged, want, names)]
+  only = {p.i: c[1]["name"] for p, c in zip(flagged, carry)
+          if c is not None and c[1] is not None}
+  pre = {}
+  if device_refs:
+    which = tuple(p.i for p, w, c in zip(flagged, want, carry)
+                  if w and p.hilo is not None and (c is None or p.i in only))
+    # Every input-precision hypothesis of a site, carried or not: one
+    # executable for the campaign (a carried site's own subset would
+    # compile another at the second checkpoint).
+    pre = device_refs.probe_refs(which, [tuple(sites[i][2].inputs)
+                                         for i in which])
+  probes, paths = [], []
+  for p, w, c, name in zip(flagged, want, carry, names):
+    site, params, tp = sites[p.i]
+    if not w:
+      probes.append(None)
+      paths.append("decomposition")
+      continue
+    if c is not None and p.i not in only:  # no hypothesis applied: as found
+      probes.append(None)
+      paths.append("carried probe")
+      continue
+    found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i),
+                        only=only.get(p.i))
+    if p.i in only and found is not None and bool(
+        found.get("explains")) == bool(c[1].get("explains")):
+      probes.append({**found, "carried_from": c[0]})
+      paths.append("carried probe")
+      continue
+    if p.i in only:  # the carried hypothesis answers otherwise: whole
+      found = _port_probe(site, params, tp, p.sig, p.ref, None)
+    if cache is not None:
+      cache.keep(name, probe_class(p.sig), step, found)
+    probes.append(found)
+    paths.append("probe")
+  return probes, paths
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
                  kut_spec: str, step: int,
                  device_refs: DeviceReferences | None = None, *,
-                 backward: str = "golden", laps=NO_LAPS) -> list[dict]:
-  """(step, site) records of many sites of one step.
+                 backward: str = "golden", laps=NO_LAPS,
+                 probe_cache: ProbeCache | None = None) -> list[dict]:
+  """(step, site) records of many sites of one step: triage, then diagnose.
 
-  Every signature is dispatched before any is read, then all come to the
-  host in one transfer; the Detector runs on host copies.
+  Every record is screened (``peat.analyzer.screen_split_many``: the
+  statistics pass and the golden envelope's facts, every screen dispatched
+  before any is read, then one transfer); the screen decides the records
+  inside the golden kernel's envelope (``peat.detector.triage``). The
+  others get the noise-aware decomposition, the port probe where their
+  signature calls for it (once per site with ``probe_cache``) and
+  ``peat.detect``. Each record says which path decided it
+  (``"decided_by"``: ``screen``, ``decomposition``, ``probe`` or
+  ``carried probe``).
 
   A composite's backward site with several outputs (the cotangents of
   several arguments) gets one record per output, named
@@ -218,6 +328,8 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
       records (``"backward": "kut"``), ``"golden"`` is not (records without
       the field are forward-only ones, as before the setting existed).
     laps: a ``profiler.playback._timing.Laps`` to time the phases (benchmarks).
+    probe_cache: the campaign's :class:`ProbeCache` (None: every record
+      that calls for the probe runs it whole).
 
   Returns:
     One msgpack-ready dict (``kind == "site"``) per site (or output), in
@@ -225,55 +337,63 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
   """
   laps.start()
   sites = [(site, params, as_trained(params, tp)) for site, params, tp in sites]
-  done = _device_signatures(sites, device_refs) if device_refs else {}
-  # (site index, output index or None, signature, reduction, reference,
-  # on host)
-  pending = []
+  pending = _device_screens(sites, device_refs) if device_refs else []
+  served = {p.i for p in pending}
   for i, (site, params, tp) in enumerate(sites):
-    if i in done:
-      pending.append((i, None, done[i], _reduction(site, params), None,
-                      True))
-    elif params.get("vjp"):
-      red = _reduction(site, params)
-      pending += [(i, k, sig, red, None, False)
-                  for k, sig in _vjp_signatures(site, params, tp)]
-    else:
-      sig, red, ref = _signature(site, params, tp)
-      pending.append((i, None, sig, red, ref, False))
-  # Signatures of `done` are on the host already (packed transfer).
-  fetched = iter(jax.device_get([p[2] for p in pending if not p[5]]))
-  host = [p[2] if p[5] else next(fetched) for p in pending]
-  laps.lap("references and signatures")
-  pre = _probe_references(sites, pending, host, device_refs)
-  probes = [None if k is not None else _port_probe(
-      sites[i][0], sites[i][1], sites[i][2], sig, ref, pre.get(i))
-            for (i, k, _, _, ref, _), sig in zip(pending, host)]
-  _analyzer.probe_signatures(probes, [sites[p[0]][2].kut for p in pending])
+    if i not in served:
+      pending += _host_screens(i, site, params, tp)
+  pending.sort(key=lambda p: (p.i, -1 if p.k is None else p.k))
+  fetched = jax.device_get([(p.sig, p.screen) for p in pending])
+  pending = [p._replace(sig=sig, screen=scr)
+             for p, (sig, scr) in zip(pending, fetched)]
+  laps.lap("references and screens")
+  triaged = [_detector.triage(p.sig, p.screen) for p in pending]
+  flagged = _decompose([p for p, d in zip(pending, triaged) if d is None])
+  laps.lap("decomposition of flagged records")
+  names = [_record_name(sites[p.i][0].name, p.k) for p in flagged]
+  probes, paths = _probes(sites, flagged, device_refs, probe_cache, names,
+                          step)
+  _analyzer.probe_signatures(
+      probes, [p.test for p in flagged],
+      cleared=lambda sig, scr: _detector.triage(sig, scr) is not None)
   laps.lap("port probe")
+  done = iter(zip(flagged, probes, paths))
   out = []
-  for (i, k, _, red, _, _), sig, probe in zip(pending, host, probes):
-    site, params, tp = sites[i]
-    context = {"kernel": site.kernel, "reduction": red}
-    if probe is not None:
-      context["port"] = probe
-    diag = _detector.detect(sig, context=context)
+  for p, diag in zip(pending, triaged):
+    site, params, tp = sites[p.i]
+    red = _reduction(site, params)
+    probe, path = None, "screen"
+    if diag is None:
+      p, probe, path = next(done)
+      context = {"kernel": site.kernel, "reduction": red}
+      if probe is not None:
+        context["port"] = probe
+      diag = _detector.detect(p.sig, context=context)
     laps.lap("detector")
     rec = {
         "kind": "site", "kut": kut_spec, "step": step,
-        "site": site.name if k is None else output_name(site.name, k),
+        "site": _record_name(site.name, p.k),
         "kernel": site.kernel, "phase": site.phase, "reduction": red,
-        "signature": signature_record(sig),
-        "diagnosis": _detector.diagnosis_record(diag)}
+        "signature": signature_record(p.sig),
+        "diagnosis": _detector.diagnosis_record(diag),
+        "decided_by": path}
+    if path == "screen":
+      rec["screen"] = {k: float(v) if k.startswith(("z_", "env_")) else
+                       int(v) for k, v in p.screen._asdict().items()}
     if probe is not None:
       rec["port"] = {key: v for key, v in probe.items()
                      if key not in ("evidence", "signature")}
-    if k is not None:
-      rec["output"] = k
+    if p.k is not None:
+      rec["output"] = p.k
     if params.get("cotangent_dtype"):
       rec["compared_in"] = params["cotangent_dtype"]
     out.append(tag_backward(rec, backward))
     laps.lap("records")
   return out
+
+
+def _record_name(site: str, output: int | None) -> str:
+  return site if output is None else output_name(site, output)
 
 
 def as_trained(params: dict, tp: _sites.Tap) -> _sites.Tap:
@@ -306,7 +426,8 @@ def output_name(site: str, output: int) -> str:
 
 
 def site_record(site: _sites.Site, params: dict, tp: _sites.Tap,
-                kut_spec: str, step: int) -> dict:
+                kut_spec: str, step: int,
+                probe_cache: ProbeCache | None = None) -> dict:
   """One (step, site) record: signature vs golden and float64, diagnosis.
 
   Args:
@@ -315,12 +436,14 @@ def site_record(site: _sites.Site, params: dict, tp: _sites.Tap,
     tp: the site's tap (inputs, golden and KUT outputs of one step).
     kut_spec: the KUT's spec, stored with the record.
     step: the step the tap comes from.
+    probe_cache: as :func:`site_records`.
 
   Returns:
     A msgpack-ready dict (``kind == "site"``); see :func:`site_records`
     for many sites of one step.
   """
-  return site_records([(site, params, tp)], kut_spec, step)[0]
+  return site_records([(site, params, tp)], kut_spec, step,
+                      probe_cache=probe_cache)[0]
 
 
 class _SharedReferences:

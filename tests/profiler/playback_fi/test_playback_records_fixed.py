@@ -6,7 +6,13 @@ at main 3ff0694;
 ``gpt_backward_kut`` at ea885b3, whose attention backward pairing fix,
 1883063, changed those records; it and ``cnn_conv2d`` again at d94508b:
 eb10a7c gives rows that cancel whole a scale, which made the envelope of
-some records finite where it was NaN) holds the ``playback.msgpack`` of small campaigns on the
+some records finite where it was NaN; all four again for issue 34's
+triage: every record says which path decided it (``decided_by``),
+records the screen clears keep the Signature without its decomposition
+(``decomposed`` false) and a ``screen`` field, and a site's port probe is
+carried to its later records (``port.carried_from``, ``port.tried`` the
+carried hypothesis); the diagnoses, verdicts and every other field are
+those of before, docs/profiler.md) holds the ``playback.msgpack`` of small campaigns on the
 real CNN and a small GPT (``cases.py``): forward sites of a native conv2d
 and matmul KUT, composite sites (host references) and three KUTs played
 together, and the KUT's VJP at the backward sites. Each test makes the same

@@ -1,6 +1,8 @@
 """Writes the record fixture (run with peat_jax at main 3ff0694; gpt_backward_kut
 rewritten at ea885b3, after the attention backward pairing fix of 1883063;
-cnn_conv2d and gpt_backward_kut again at d94508b, after eb10a7c).
+cnn_conv2d and gpt_backward_kut again at d94508b, after eb10a7c; all four
+for issue 34's triage: the paths that decided the records, screened
+records without the decomposition, the port probe carried per site).
 
   .venv/bin/python tests/profiler/playback_fi/records_fixture/make.py [case ...]
   .venv/bin/python tests/profiler/playback_fi/records_fixture/make.py --out=DIR [case ...]
