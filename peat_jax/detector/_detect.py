@@ -131,7 +131,8 @@ def detect(sig, *, repeat=None, dtype=None,
         "exact", 0.9, f"values equal; {f.ndiff} elements differ only in the "
         "sign of zero", {"signed_zeros": f.ndiff}))
   if not (cands and cands[0].model == "exact"):
-    if f.dec:  # exact traces hold on any noise: new NaN/Inf, golden's
+    if f.dec or _screened_and_explained(f):  # exact traces hold on any
+      # noise: new NaN/Inf, golden's
       # bit patterns moved (a transpose, shift or permutation)
       return _nonfinite_fails(_decomposed(
           f, cands + _rule_nonfinite(f) + _rule_indexing(f)), s)
@@ -159,6 +160,20 @@ def _nonfinite_fails(diag: Diagnosis, s: Mapping[str, Any]) -> Diagnosis:
       verdict="fail",
       evidence=f"{diag.evidence}; {n} elements are NaN/Inf in one of the "
       "KUT and golden outputs and finite in the other (a hard fail)")
+
+
+def _screened_and_explained(f: _Facts) -> bool:
+  """A screened record (no decomposition of its own) whose port probe
+  explains it by rounded inputs (``precision:<fmt>``, ``accumulation``):
+  its diagnosis needs only the probe's re-based signature and the exact
+  traces (playback: a probe carried to a site's later records,
+  profiler.playback_fi._site_records). A port's other constant or form
+  (``parameter``, ``approximation``) is judged on the decomposed level
+  and is never decided so."""
+  port = f.context.get("port") or {}
+  return (not f.dec and f.has_ref and bool(port.get("explains"))
+          and port.get("signature") is not None
+          and str(port.get("model", "")).split(":")[0] in PRECISION_MODELS)
 
 
 def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:

@@ -422,7 +422,7 @@ PROBE_MIN = 16
 PROBE_DENSE_RATIO = 16.0
 
 
-def needs_probe(sig) -> bool:
+def needs_probe(sig, *, screened: bool = False) -> bool:
   """Whether a Signature's dense error calls for the port probe: it has a
   decomposition against a reference, the KUT's RMS error vs float64 is
   beyond ``BEYOND_GOLDEN`` times golden's, and at least ``PROBE_SHARE`` of
@@ -432,11 +432,14 @@ def needs_probe(sig) -> bool:
 
   Args:
     sig: a single-record Signature (device or host fields).
+    screened: ``sig`` comes from the triage screen
+      (``peat.analyzer.screen``): its ``n_beyond`` is the decomposition's
+      though ``decomposed`` is False.
 
   Returns:
     True when a probe may explain the record.
   """
-  if not bool(np.asarray(sig.decomposed)) or not bool(
+  if not (screened or bool(np.asarray(sig.decomposed))) or not bool(
       np.asarray(sig.has_reference)):
     return False
   n = int(np.asarray(sig.n))

@@ -85,11 +85,18 @@ _analyze_ref_jit = jax.jit(
 _PER_RECORD = {
     "analyze": lambda t, g, hi, lo: _finalize(
         _accumulate_auto(t, g, hi, lo), decompose(t, g, hi, lo)),
-    "screen": lambda t, g, hi, lo: (
+    "screen": lambda t, g, hi, lo: _screened(
         _finalize(_accumulate_auto(t, g, hi, lo)),
         screen_facts(t, g, hi, lo)),
     "decompose": decompose,
 }
+def _screened(sig: Signature, screen: Screen) -> tuple[Signature, Screen]:
+  """The screen's Signature holds the Screen's fields too (the
+  decomposition's own values; ``decomposed`` stays False, the other
+  decomposition fields neutral)."""
+  return sig._replace(**screen._asdict()), screen
+
+
 _ONE_JIT = {"analyze": _analyze_ref_jit,
             "screen": jax.jit(_PER_RECORD["screen"]),
             "decompose": jax.jit(decompose)}
@@ -251,7 +258,8 @@ def screen_split_many(tests: Sequence, goldens: Sequence,
   """The triage screen of many records (any shapes) in one executable.
 
   Per record the Signature without its decomposition (``decomposed``
-  False, its fields neutral) and the :class:`Screen` facts; the
+  False; of its fields only the :class:`Screen`'s five are set, the
+  others neutral) and the :class:`Screen` facts; the
   decomposition of the records the screen flags is
   :func:`decompose_split_many`, and :func:`with_decomposition` joins the
   two into the Signature `analyze_split_many` returns.

@@ -170,13 +170,15 @@ def _decompose(flagged: Sequence[_Pending]) -> list[_Pending]:
 
 
 def _port_probe(site, params, tp, sig, ref=None, pre=None,
-                only: str | None = None) -> dict | None:
+                only: str | None = None,
+                screened: bool = False) -> dict | None:
   """The port probe of a site whose signature calls for it
   (peat.analyzer.needs_probe: a dense error beyond the golden kernel's
-  noise), or None: the composite's known constants and forms, and the
-  kernel on its inputs rounded to narrower formats (``only``: that
-  hypothesis alone)."""
-  if not _analyzer.needs_probe(sig) or isinstance(tp.golden, tuple):
+  noise; ``screened``: the signature is the screen's), or None: the
+  composite's known constants and forms, and the kernel on its inputs
+  rounded to narrower formats (``only``: that hypothesis alone)."""
+  if not _analyzer.needs_probe(sig, screened=screened) or isinstance(
+      tp.golden, tuple):
     return None
   if len(tp.inputs) != len(site.in_shapes) or any(
       np.shape(x) != tuple(s) for x, s in zip(tp.inputs, site.in_shapes)):
@@ -247,18 +249,39 @@ class ProbeCache:
         if k not in ("hypothesis", "signature")})
 
 
+#: Carried probes whose answer needs no decomposition of the record: the
+#: kernel on rounded inputs (detector._detect._screened_and_explained).
+_ROUNDED_INPUTS = ("precision", "accumulation")
+
+
 def _probes(sites, flagged: Sequence[_Pending], device_refs,
-            cache: ProbeCache | None, names: Sequence[str],
-            step: int) -> tuple[list, list[str]]:
-  """The port probe of each flagged record (None where none runs) and the
-  path that decided it: ``decomposition`` (no probe), ``probe`` (run
-  whole) or ``carried probe`` (an earlier record's, see
-  :class:`ProbeCache`)."""
-  want = [p.k is None and _analyzer.needs_probe(p.sig) for p in flagged]
+            cache: ProbeCache | None, step: int
+            ) -> tuple[list[_Pending], list, list[str]]:
+  """The port probe of each flagged record and the path that decided it.
+
+  A record whose site carries a probe that explained it by rounded inputs
+  tries that hypothesis first, on its screened signature: where it still
+  explains, the record is diagnosed without a decomposition of its own.
+  Every other flagged record is decomposed, then probed where its
+  signature calls for it: whole, or carrying its site's hypothesis
+  (:class:`ProbeCache`).
+
+  Returns:
+    ``(records, probes, paths)``: the flagged records (decomposed, or
+    screened where a carried probe explains them), each one's probe
+    (None where none runs) and path: ``decomposition`` (no probe),
+    ``probe`` (run whole) or ``carried probe``.
+  """
+  names = [_record_name(sites[p.i][0].name, p.k) for p in flagged]
+  want = [p.k is None and _analyzer.needs_probe(p.sig, screened=True)
+          for p in flagged]
   carry = [cache.carried(n, probe_class(p.sig), step) if cache and w
            else None for p, w, n in zip(flagged, want, names)]
   only = {p.i: c[1]["name"] for p, c in zip(flagged, carry)
           if c is not None and c[1] is not None}
+  light = {p.i for p, c in zip(flagged, carry)
+           if p.i in only and c[1].get("explains")
+           and str(c[1].get("model", "")).split(":")[0] in _ROUNDED_INPUTS}
   pre = {}
   if device_refs:
     which = tuple(p.i for p, w, c in zip(flagged, want, carry)
@@ -268,9 +291,26 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
     # compile another at the second checkpoint).
     pre = device_refs.probe_refs(which, [tuple(sites[i][2].inputs)
                                          for i in which])
-  probes, paths = [], []
+  kept = {}
+  for p, c in zip(flagged, carry):
+    if p.i in light:
+      site, params, tp = sites[p.i]
+      found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i),
+                          only=only[p.i], screened=True)
+      if found is not None and found.get("explains"):
+        kept[id(p)] = {**found, "carried_from": c[0]}
+  heavy = [p for p in flagged if id(p) not in kept]
+  done = dict(zip(map(id, heavy), _decompose(heavy)))
+  records, probes, paths = [], [], []
   for p, w, c, name in zip(flagged, want, carry, names):
     site, params, tp = sites[p.i]
+    if id(p) in kept:
+      records.append(p)
+      probes.append(kept[id(p)])
+      paths.append("carried probe")
+      continue
+    p = done[id(p)]
+    records.append(p)
     if not w:
       probes.append(None)
       paths.append("decomposition")
@@ -279,20 +319,23 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
       probes.append(None)
       paths.append("carried probe")
       continue
-    found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i),
-                        only=only.get(p.i))
-    if p.i in only and found is not None and bool(
-        found.get("explains")) == bool(c[1].get("explains")):
-      probes.append({**found, "carried_from": c[0]})
-      paths.append("carried probe")
-      continue
-    if p.i in only:  # the carried hypothesis answers otherwise: whole
-      found = _port_probe(site, params, tp, p.sig, p.ref, None)
+    found = None
+    if p.i in only and p.i not in light:
+      found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i),
+                          only=only[p.i])
+      if found is not None and bool(
+          found.get("explains")) == bool(c[1].get("explains")):
+        probes.append({**found, "carried_from": c[0]})
+        paths.append("carried probe")
+        continue
+    # No probe yet for the site, or its carried hypothesis answers
+    # otherwise: the probe whole.
+    found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i))
     if cache is not None:
       cache.keep(name, probe_class(p.sig), step, found)
     probes.append(found)
     paths.append("probe")
-  return probes, paths
+  return records, probes, paths
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
@@ -348,15 +391,14 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
              for p, (sig, scr) in zip(pending, fetched)]
   laps.lap("references and screens")
   triaged = [_detector.triage(p.sig, p.screen) for p in pending]
-  flagged = _decompose([p for p, d in zip(pending, triaged) if d is None])
-  laps.lap("decomposition of flagged records")
-  names = [_record_name(sites[p.i][0].name, p.k) for p in flagged]
-  probes, paths = _probes(sites, flagged, device_refs, probe_cache, names,
-                          step)
+  flagged, probes, paths = _probes(
+      sites, [p for p, d in zip(pending, triaged) if d is None],
+      device_refs, probe_cache, step)
+  laps.lap("decomposition and port probe of flagged records")
   _analyzer.probe_signatures(
       probes, [p.test for p in flagged],
       cleared=lambda sig, scr: _detector.triage(sig, scr) is not None)
-  laps.lap("port probe")
+  laps.lap("re-based signatures of the probes")
   done = iter(zip(flagged, probes, paths))
   out = []
   for p, diag in zip(pending, triaged):
@@ -377,9 +419,6 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
         "signature": signature_record(p.sig),
         "diagnosis": _detector.diagnosis_record(diag),
         "decided_by": path}
-    if path == "screen":
-      rec["screen"] = {k: float(v) if k.startswith(("z_", "env_")) else
-                       int(v) for k, v in p.screen._asdict().items()}
     if probe is not None:
       rec["port"] = {key: v for key, v in probe.items()
                      if key not in ("evidence", "signature")}

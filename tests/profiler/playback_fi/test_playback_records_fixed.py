@@ -11,8 +11,10 @@ triage: every record says which path decided it (``decided_by``),
 records the screen clears keep the Signature without its decomposition
 (``decomposed`` false) and a ``screen`` field, and a site's port probe is
 carried to its later records (``port.carried_from``, ``port.tried`` the
-carried hypothesis); the diagnoses, verdicts and every other field are
-those of before, docs/profiler.md) holds the ``playback.msgpack`` of small campaigns on the
+carried hypothesis), which are not decomposed where it explains them by
+rounded inputs (their decomposition fields neutral but the screen's); the
+diagnoses, verdicts, ports' magnitudes and every other field are those of
+before, docs/profiler.md) holds the ``playback.msgpack`` of small campaigns on the
 real CNN and a small GPT (``cases.py``): forward sites of a native conv2d
 and matmul KUT, composite sites (host references) and three KUTs played
 together, and the KUT's VJP at the backward sites. Each test makes the same

@@ -5,7 +5,8 @@ On the real CNN (batch 8, three checkpoints): a reordering-only native
 conv2d is decided by the screen at every record (no decomposition); the
 bf16-input conv2d is probed whole at the first checkpoint and carried at
 the later ones (its own ratio and distances, the same diagnosis as a
-probe run whole on that checkpoint).
+probe run whole on that checkpoint, without a decomposition of the record:
+the rounded inputs explain it).
 """
 
 import pytest
@@ -32,7 +33,7 @@ def test_a_benign_kut_is_decided_by_the_screen(run, tmp_path):
     assert r["decided_by"] == "screen", r["site"]
     assert (r["diagnosis"]["model"], r["diagnosis"]["verdict"]) in (
         ("reordering", "pass"), ("exact", "pass"))
-    assert r["screen"]["n_beyond"] == 0
+    assert r["signature"]["n_beyond"] == 0  # the screen's
     assert not r["signature"]["decomposed"]
 
 
@@ -49,6 +50,9 @@ def test_the_port_probe_runs_once_per_site_and_is_carried(run, tmp_path):
   for r in later:
     assert r["port"]["carried_from"] == steps[0]
     assert r["port"]["explains"] and r["port"]["name"] == "inputs_bf16"
+    # Explained by rounded inputs: no decomposition of its own.
+    assert not r["signature"]["decomposed"]
+  assert all(r["signature"]["decomposed"] for r in first)
   # Each later step played alone (a fresh campaign: the probe whole)
   # diagnoses the same, with the same magnitudes.
   for s in steps[1:]:
