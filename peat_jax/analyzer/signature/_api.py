@@ -5,6 +5,7 @@ pure JAX elsewhere: `_accumulate_auto`) and the finalization."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Sequence
 
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.analyzer.signature._checks import (
     _check_dtype, _check_pair, split_reference)
@@ -135,6 +137,30 @@ _batch_decompose_jit = jax.jit(
     static_argnames="dtype")
 
 
+def _compiled() -> int:
+  """Executables this module's entry points hold (their jit caches)."""
+  return sum(f._cache_size() for f in (  # pylint: disable=protected-access
+      _analyze_jit, _analyze_ref_jit, *_ONE_JIT.values(),
+      *_MANY_JIT.values(), *_MANY_PACKED_JIT.values()))
+
+
+def _releasing(fn):
+  """An entry point that, where its call compiled a new executable (a new
+  record shape), releases compiled code once this process uses half its
+  memory mappings (`peat_jax.core.release_compiled`): each shape's
+  signature maps ~600 kernels, and ~100 distinct shapes in one process
+  reach vm.max_map_count, where XLA aborts the process."""
+
+  @functools.wraps(fn)
+  def call(*args, **kwargs):
+    before = _compiled()
+    out = fn(*args, **kwargs)
+    if _compiled() > before:
+      _core.release_compiled()
+    return out
+  return call
+
+
 def _x64_scope(dtype):
   """float64 records need x64 inside the trace (scoped, not global)."""
   if np.dtype(dtype) == np.float64:
@@ -157,6 +183,7 @@ def _as_array(x, dtype):
   return jnp.asarray(np.asarray(x), dtype=dtype)
 
 
+@_releasing
 def analyze(test, golden, reference=None) -> Signature:
   """Signature of the pseudo-error `test - golden` at one site and step.
 
@@ -348,6 +375,7 @@ def decomposition(test, golden, reference=None) -> Decomposition:
   return _one("decompose", test, golden, reference)
 
 
+@_releasing
 def _one(kind: str, test, golden, reference):
   """One record's `kind` (screen, decompose) from host or device arrays."""
   shape, dtype = _check_pair(test, golden, batched=False)
@@ -361,6 +389,7 @@ def _one(kind: str, test, golden, reference):
     return _ONE_JIT[kind](t, g, hi, lo)
 
 
+@_releasing
 def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool):
   """`kind` (analyze, screen, decompose) of many records, one executable."""
   if not len(tests) == len(goldens) == len(ref_his) == len(ref_los):
