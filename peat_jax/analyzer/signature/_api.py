@@ -77,13 +77,17 @@ def signature_pure(t: Array, g: Array, ref_hi: Array | None = None,
 # (the state's ~55 arrays are never materialized: less per-call overhead).
 _analyze_jit = jax.jit(
     lambda t, g: _finalize(_accumulate_auto(t, g, None, None)))
-_analyze_ref_jit = jax.jit(
-    lambda t, g, hi, lo: _finalize(_accumulate_auto(t, g, hi, lo),
-                                   decompose(t, g, hi, lo)))
-# What one record of a many-record call computes: the whole Signature,
-# the triage screen (the Signature without its decomposition, and the
-# envelope facts), or the decomposition alone (of a record the screen
-# flagged).
+def _screened(sig: Signature, screen: Screen) -> tuple[Signature, Screen]:
+  """The screen's Signature holds the Screen's fields too (the
+  decomposition's own values; ``decomposed`` stays False, the other
+  decomposition fields neutral)."""
+  return sig._replace(**screen._asdict()), screen
+
+
+# What one record computes: the whole Signature, the triage screen (the
+# Signature without its decomposition, and the envelope facts), or the
+# decomposition alone (of a record the screen flagged); each jitted for one
+# record and for many.
 _PER_RECORD = {
     "analyze": lambda t, g, hi, lo: _finalize(
         _accumulate_auto(t, g, hi, lo), decompose(t, g, hi, lo)),
@@ -92,16 +96,8 @@ _PER_RECORD = {
         screen_facts(t, g, hi, lo)),
     "decompose": decompose,
 }
-def _screened(sig: Signature, screen: Screen) -> tuple[Signature, Screen]:
-  """The screen's Signature holds the Screen's fields too (the
-  decomposition's own values; ``decomposed`` stays False, the other
-  decomposition fields neutral)."""
-  return sig._replace(**screen._asdict()), screen
-
-
-_ONE_JIT = {"analyze": _analyze_ref_jit,
-            "screen": jax.jit(_PER_RECORD["screen"]),
-            "decompose": jax.jit(decompose)}
+_ONE_JIT = {k: jax.jit(f) for k, f in _PER_RECORD.items()}
+_analyze_ref_jit = _ONE_JIT["analyze"]
 _MANY_JIT = {k: jax.jit(lambda ts, gs, his, los, f=f: [
     f(t, g, hi, lo) for t, g, hi, lo in zip(ts, gs, his, los)])
              for k, f in _PER_RECORD.items()}
@@ -140,7 +136,7 @@ _batch_decompose_jit = jax.jit(
 def _compiled() -> int:
   """Executables this module's entry points hold (their jit caches)."""
   return sum(f._cache_size() for f in (  # pylint: disable=protected-access
-      _analyze_jit, _analyze_ref_jit, *_ONE_JIT.values(),
+      _analyze_jit, *_ONE_JIT.values(),
       *_MANY_JIT.values(), *_MANY_PACKED_JIT.values()))
 
 

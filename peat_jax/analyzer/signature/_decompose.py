@@ -355,6 +355,9 @@ class Envelope(NamedTuple):
     zt, zg: those in units.
     golden_z: max ``zg``.
     theta_g: the golden envelope (``ENVELOPE_FACTOR`` x ...).
+    new_nf: NaN/Inf in t where g is finite.
+    beyond: elements beyond the golden envelope, or ``new_nf``.
+    n_nonfinite_mismatch: int32: elements NaN or Inf in one of t, g only.
     has_ref: whether a reference was given (static).
   """
 
@@ -376,6 +379,9 @@ class Envelope(NamedTuple):
   zg: Array
   golden_z: Array
   theta_g: Array
+  new_nf: Array
+  beyond: Array
+  n_nonfinite_mismatch: Array
   has_ref: bool
 
 
@@ -432,8 +438,13 @@ def envelope(t: Array, g: Array, ref_hi: Array | None,
   else:
     golden_z = jnp.float32(0)
     theta_g = jnp.asarray(NO_REFERENCE_Z, cdt)
+  new_nf = fin_g & ~fin_t
+  beyond = (fp & (zt > theta_g)) | new_nf
+  mismatch = jnp.sum((jnp.isnan(tc) != jnp.isnan(gc)) |
+                     (jnp.isinf(tc) != jnp.isinf(gc)), dtype=jnp.int32)
   return Envelope(t2, g2, tc, gc, fin_t, fin_g, r, lo, fp, row_rms, scale,
-                  unit, et, eg, zt, zg, golden_z, theta_g, has_ref)
+                  unit, et, eg, zt, zg, golden_z, theta_g, new_nf, beyond,
+                  mismatch, has_ref)
 
 
 def decompose(t: Array, g: Array, ref_hi: Array | None,
@@ -458,7 +469,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   t2, g2, tc, gc, fin_t, fin_g = e.t2, e.g2, e.tc, e.gc, e.fin_t, e.fin_g
   r, lo, fp, row_rms, scale, unit = e.r, e.lo, e.fp, e.row_rms, e.scale, e.unit
   et, zt, zg, golden_z, theta_g = e.et, e.zt, e.zg, e.golden_z, e.theta_g
-  has_ref = e.has_ref
+  new_nf, beyond, has_ref = e.new_nf, e.beyond, e.has_ref
   tiny = jnp.finfo(cdt).tiny
   # The KUT's own dense error (a port that rounds its inputs to bf16 is
   # beyond the golden envelope everywhere): outliers are also beyond
@@ -477,9 +488,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   if has_ref and dtype.itemsize <= 2:
     theta = jnp.maximum(theta, OUTLIER16_MIN_Z)
   env = theta * unit
-  new_nf = fin_g & ~fin_t
-  beyond = (fp & (zt > theta_g)) | new_nf  # beyond the golden envelope
-  out = (fp & (zt > theta)) | new_nf  # ... and beyond the KUT's own noise
+  out = (fp & (zt > theta)) | new_nf  # beyond the KUT's own noise too
   n_out = jnp.sum(out, dtype=jnp.int32)
   # Bits of the outliers against golden: one flip (the highest differing
   # bit), then a second; counts over all outliers, the positions' histograms
@@ -598,8 +607,6 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   ex = jnp.floor(jnp.log2(jnp.maximum(ar, fmt.min_normal)))
   ulp = jnp.exp2(ex - fmt.mantissa_bits)
   lim = ULP_LIMIT[fmt.name] * ulp
-  mismatch = jnp.sum((jnp.isnan(tc) != jnp.isnan(gc)) |
-                     (jnp.isinf(tc) != jnp.isinf(gc)), dtype=jnp.int32)
   f32 = lambda v: jnp.asarray(v, jnp.float32)
   return Decomposition(
       jnp.bool_(True), f32(theta), f32(theta_g), f32(golden_z), f32(zmed_t),
@@ -617,4 +624,5 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
       jnp.sum(tiny_r & (jnp.abs(dg) > small / 16), dtype=jnp.int32),
       f32(bal(dt)), f32(bal(dg)),
       jnp.sum(fp & (jnp.abs(dt) > lim), dtype=jnp.int32),
-      jnp.sum(fp & (jnp.abs(dg) > lim), dtype=jnp.int32), mismatch)
+      jnp.sum(fp & (jnp.abs(dg) > lim), dtype=jnp.int32),
+      e.n_nonfinite_mismatch)

@@ -56,10 +56,6 @@ def screen_facts(t: Array, g: Array, ref_hi: Array | None,
     A :class:`Screen`, every field equal to the decomposition's.
   """
   e = envelope(t, g, ref_hi, ref_lo)
-  new_nf = e.fin_g & ~e.fin_t
-  beyond = (e.fp & (e.zt > e.theta_g)) | new_nf
-  mismatch = jnp.sum((jnp.isnan(e.tc) != jnp.isnan(e.gc)) |
-                     (jnp.isinf(e.tc) != jnp.isinf(e.gc)), dtype=jnp.int32)
   f32 = lambda v: jnp.asarray(v, jnp.float32)
   return Screen(f32(jnp.max(e.zt)), f32(e.golden_z), f32(e.theta_g),
-                jnp.sum(beyond, dtype=jnp.int32), mismatch)
+                jnp.sum(e.beyond, dtype=jnp.int32), e.n_nonfinite_mismatch)
