@@ -37,6 +37,21 @@ INPUT_ROUNDING_LEVEL = 0.6
 ACCUMULATION_LEVEL = 0.3
 #: A level hypothesis is accepted within this many octaves of the observed.
 LEVEL_OCTAVES = 1.5
+
+
+def within_working_sum(f: _Facts) -> bool:
+  """Whether a wide (float32 or float64) record's median relative error is
+  within what a K-term reduction kept in its own format reaches in any
+  order: ACCUMULATION_LEVEL sqrt(K) u, LEVEL_OCTAVES above. A long
+  reduction's golden kernel (XLA's blocked and vectorized sums) can be
+  far more accurate than a correct kernel that adds in order (a GEMM
+  thread's accumulator over K = 65,536: ten times the golden error);
+  within this level such a difference is another order, not a fault."""
+  k = f.context.get("reduction")
+  if not k or f.work not in ("fp32", "fp64"):
+    return False
+  bound = ACCUMULATION_LEVEL * math.sqrt(float(k)) * f.u * 2.0 ** LEVEL_OCTAVES
+  return bool(np.isfinite(f.rel_med) and f.rel_med <= bound)
 _GEMM_KERNELS = ("matmul", "dot_general", "conv", "conv2d",
                  "conv_general_dilated", "attention")
 _NORMALIZING_KERNELS = ("softmax", "layer_norm", "log_softmax",

@@ -254,7 +254,8 @@ def reference_attention(q, k, v, mask=None, scale: float | None = None,
   """float64 dot-product attention in Flax's layout.
 
   out[b, t, h, :] = sum_s softmax_s(scale * <q[b,t,h], k[b,s,h]> + bias
-  (masked: -inf where mask is False)) v[b, s, h, :].
+  (masked: the float64 lowest where mask is False, as jax and flax fill
+  masked logits: a fully masked row averages v)) v[b, s, h, :].
 
   With fewer key/value heads than query heads (grouped-query attention,
   ``Hk`` dividing ``H``) query head ``j`` attends with key/value head
@@ -307,8 +308,9 @@ def _attention64(qq, kk, vv, m=None, scale: float | None = None, bb=None):
   logits = jnp.einsum("bthd,bshd->bhts", qq, kk, precision=hp) * sc
   if bb is not None:
     logits = logits + bb
-  if m is not None:
-    logits = jnp.where(m, logits, -jnp.inf)
+  if m is not None:  # the format's lowest, as jax and flax fill: a fully
+    # masked query row averages the values (not a NaN row)
+    logits = jnp.where(m, logits, jnp.finfo(logits.dtype).min)
   w = jax.nn.softmax(logits, axis=-1)
   return jnp.einsum("bhts,bshd->bthd", w, vv, precision=hp)
 

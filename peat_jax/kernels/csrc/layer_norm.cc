@@ -64,13 +64,26 @@ void Moments(int32_t variant, const T* x, int64_t d, T* mean, T* var) {
     *var = v > 0 ? v : 0;
     return;
   }
+  // A bf16 running sum (acc_bf16) adds in order; the others in runs of
+  // kSumBlock (ftz: each add and term flushed).
+  const bool in_order = variant == kAccBf16;
+  const auto add = [&ar](T a, T b) { return ar.Add(a, b); };
   T s = 0;
-  for (int64_t i = 0; i < d; ++i) s = ar.Add(s, x[i]);
+  if (in_order) {
+    for (int64_t i = 0; i < d; ++i) s = ar.Add(s, x[i]);
+  } else {
+    s = BlockedReduce<T>([x](int64_t i) { return x[i]; }, 0, d, add);
+  }
   const T m = s / static_cast<T>(d);
-  T q = 0;
-  for (int64_t i = 0; i < d; ++i) {
+  const auto sq = [x, m, &ar](int64_t i) {
     const T c = ar.Fl(x[i] - m);
-    q = ar.Add(q, ar.Fl(c * c));
+    return ar.Fl(c * c);
+  };
+  T q = 0;
+  if (in_order) {
+    for (int64_t i = 0; i < d; ++i) q = ar.Add(q, sq(i));
+  } else {
+    q = BlockedReduce<T>(sq, 0, d, add);
   }
   *mean = m;
   *var = q / static_cast<T>(d);

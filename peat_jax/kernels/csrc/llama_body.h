@@ -36,7 +36,7 @@ PEAT_HD float PairwiseSum(const F& term, int64_t lo, int64_t n) {
 
 // term(0) + ... + term(n - 1) with the variant's accumulation: pairwise
 // (tree), acc_bf16 (each term and each running sum rounded to bf16), else
-// in order in float32.
+// in float32, in order within runs of kSumBlock (BlockedSum).
 template <typename F>
 PEAT_HD float RowSum(int32_t variant, const F& term, int64_t n) {
   if (variant == kPairwise) return PairwiseSum(term, 0, n);
@@ -45,8 +45,7 @@ PEAT_HD float RowSum(int32_t variant, const F& term, int64_t n) {
     for (int64_t i = 0; i < n; ++i) s = RoundBf16(s + RoundBf16(term(i)));
     return s;
   }
-  for (int64_t i = 0; i < n; ++i) s += term(i);
-  return s;
+  return BlockedSum<float>(term, 0, n);
 }
 
 template <typename X>
@@ -66,9 +65,7 @@ PEAT_HD void RmsRowStats(int32_t variant, float eps, const X& x, int64_t d,
                          float* mean, float* rstd) {
   float m = 0.0f;
   if (variant == kLayerNorm) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < d; ++i) s += x(i);
-    m = s / static_cast<float>(d);
+    m = BlockedSum<float>(x, 0, d) / static_cast<float>(d);
   }
   float ms = RowSum(variant, CenteredSquare<X>{x, m}, d) / static_cast<float>(d);
   if (variant == kAccBf16) ms = RoundBf16(ms);

@@ -64,10 +64,13 @@ void SoftmaxRow(int32_t variant, int64_t tile, const T* x, int64_t d, T* y) {
   }
   T m = -INFINITY;
   for (int64_t i = 0; i < d; ++i) m = std::max(m, x[i]);
+  for (int64_t i = 0; i < d; ++i) y[i] = ar.Fl(ar.Exp(ar.Fl(x[i] - m)));
   T s = 0;
-  for (int64_t i = 0; i < d; ++i) {
-    y[i] = ar.Fl(ar.Exp(ar.Fl(x[i] - m)));
-    s = ar.Add(s, y[i]);
+  if (variant == kAccBf16) {  // a bf16 running sum: in order
+    for (int64_t i = 0; i < d; ++i) s = ar.Add(s, y[i]);
+  } else {  // ftz: the same order, each add flushed
+    s = BlockedReduce<T>([y](int64_t i) { return y[i]; }, 0, d,
+                         [&ar](T a, T b) { return ar.Add(a, b); });
   }
   if (variant == kRecip) {
     const T r = T(1) / s;
