@@ -14,9 +14,10 @@ and the packages that hold them, lowest layer first (imports point one way):
 * the report: ``peat_jax.report`` (report data, HTML page, charts);
 * the Profiler: ``peat_jax.profiler`` (golden runs and checkpoints,
   playback FI, runtime FI, captures, Monitor, isolation, scale-out,
-  ``validate``, ``read_campaign``, ``nnx_task``);
-* testing: ``peat_jax.testing`` (``assert_kernel_trains`` for a kernel
-  repository's own test suite).
+  ``validate``, ``read_campaign``, ``nnx_task``, ``fuzz``,
+  ``export_repro``);
+* testing: ``peat_jax.testing`` (``assert_kernel_trains`` and
+  ``assert_matches_golden`` for a kernel repository's own test suite).
 
 Every public name is re-exported here from its package's facade; each
 package's docstring lists its private modules. ``peat.profile`` is a golden
@@ -117,6 +118,9 @@ from peat_jax.kernels import register_kut as register_kut
 from peat_jax.kernels import resolve_kut as resolve_kut
 from peat_jax.profiler import nnx_task as nnx_task
 from peat_jax.profiler import read_campaign as read_campaign
+from peat_jax.profiler import FuzzResult as FuzzResult
+from peat_jax.profiler import export_repro as export_repro
+from peat_jax.profiler import fuzz as fuzz
 from peat_jax import testing as testing
 
 from peat_jax.core import VERSION as __version__

@@ -35,14 +35,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The public names of peat_jax (tests/test_structure.py is their list).
 PUBLIC = sorted("""
 COMPUTATION_ERROR_MODELS Campaign CampaignPaths Candidate CheckpointError
-Diagnosis ERROR_MODELS EveryCall EveryNSteps Fraction GOLDEN GoldenResult
+Diagnosis ERROR_MODELS EveryCall EveryNSteps Fraction FuzzResult GOLDEN GoldenResult
 InjectGradientsState InjectionRecord Monitor OpsResult PeatError
 PlaybackResult ProfileResult REFERENCES RecordFileError ReportPaths
 RuntimeResult Signature SignatureState Site SiteTable Substitution
 TENSOR_ERROR_MODELS Tap TaskFactory TrainState TrainTask Verdict
 abstract_state analyze analyze_batch bit_probabilities campaign check_kut
 composite composite_call data_parallel_runtime detect detect_batch
-discover_sites forward_campaign ForwardCampaign golden_train init_distributed inject inject_gradients
+discover_sites export_repro forward_campaign ForwardCampaign fuzz golden_train init_distributed inject inject_gradients
 inject_tree injecting_kernel injection_params kernel_campaign nnx_task playback
 playback_many playback_ops profile read_campaign read_log rebuild_report reference
 reference_attention reference_conv reference_cross_entropy
@@ -62,7 +62,7 @@ LAYERS = ("core", "sites", "kernels", "injectors", "analyzer", "detector",
 PARTS = {
     "analyzer": ("references", "signature", "probes"),
     "profiler": ("files", "golden", "playback_fi", "runtime_fi", "capture",
-                 "isolation", "scaleout", "campaigns"),
+                 "isolation", "scaleout", "fuzz", "campaigns"),
 }
 #: Top-level modules of peat_jax above every package (the facade).
 TOP = ("__init__",)

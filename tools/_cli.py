@@ -13,9 +13,12 @@ ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
 :func:`define_kut_flags` (``--kut`` and ``--kernel``),
 :func:`define_backward_flag` (``--backward=golden|kut``),
 :func:`define_invariance_flag` (``--invariance``),
+:func:`define_fuzz_flags` (``--fuzz``, ``--fuzz_budget``, ``--fuzz_seed``,
+``--fuzz_families``: the shapes beyond training; :func:`parse_fuzz_budget`),
 :func:`define_fail_on` and :func:`exit_status` (``--fail_on``: exit status 1
-when the verdict reaches it), :func:`campaign_dir_and_checkpoints` (the
-campaign tools' required directory and checkpoint list),
+when the verdict, or the fuzz verdict, reaches it),
+:func:`campaign_dir_and_checkpoints` (the campaign tools' required
+directory and checkpoint list),
 :func:`define_golden_steps_flags` (``--steps`` and ``--checkpoint_every``
 of a golden run) and :func:`define_renamed_flags` (hidden placeholders of
 flags a tool took under another name: exit status 2 and one ``error:`` line
@@ -409,14 +412,26 @@ def define_fail_on(flag_values: flags.FlagValues) -> flags.FlagHolder:
       flag_values=flag_values)
 
 
-def exit_status(verdict: str, fail_on: str) -> int:
-  """1 when ``verdict`` reaches ``fail_on``, else 0 (prints why on stderr)."""
+def exit_status(verdict: str, fail_on: str,
+                fuzz_verdict: str | None = None) -> int:
+  """1 when ``verdict`` or ``fuzz_verdict`` reaches ``fail_on``, else 0.
+
+  Prints why on stderr.
+
+  Args:
+    verdict: the training verdict.
+    fail_on: ``--fail_on``'s value.
+    fuzz_verdict: the verdict of the shapes beyond training (``--fuzz``),
+      or None.
+  """
   import peat_jax as peat  # pylint: disable=g-import-not-at-top
-  if peat.detector.reaches(verdict, fail_on):
-    print(f"verdict {verdict} reaches --fail_on={fail_on}: exit status 1",
-          file=sys.stderr)
-    return 1
-  return 0
+  status = 0
+  for what, v in (("verdict", verdict), ("fuzz verdict", fuzz_verdict)):
+    if v is not None and peat.detector.reaches(v, fail_on):
+      print(f"{what} {v} reaches --fail_on={fail_on}: exit status 1",
+            file=sys.stderr)
+      status = 1
+  return status
 
 
 def define_backward_flag(flag_values: flags.FlagValues):
@@ -452,6 +467,125 @@ def define_invariance_flag(flag_values: flags.FlagValues):
       "for stale outputs (an earlier call's values), inputs changed in "
       "place, ignored inputs and batch variance (five more KUT calls per "
       "site and checkpoint; docs/detector.md).", flag_values=flag_values)
+
+
+def parse_fuzz_budget(text: str | None) -> dict:
+  """Parses ``--fuzz_budget``: a count of variants or a time in seconds.
+
+  >>> parse_fuzz_budget("40"), parse_fuzz_budget("120s")
+  ({'budget_cases': 40}, {'budget_seconds': 120.0})
+
+  Args:
+    text: ``"40"`` (at most 40 variants), ``"120s"`` or ``"1.5s"`` (no
+      variant starts after that many seconds), or None / ``""`` (the
+      library's default).
+
+  Returns:
+    ``{"budget_cases": n}``, ``{"budget_seconds": s}`` or ``{}``.
+
+  Raises:
+    UsageError: anything else, or a budget that is not positive.
+  """
+  if text is None or not str(text).strip():
+    return {}
+  t = str(text).strip()
+  m = re.fullmatch(r"([0-9]+)", t)
+  if m and int(m.group(1)) > 0:
+    return {"budget_cases": int(m.group(1))}
+  m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*s", t)
+  if m and float(m.group(1)) > 0:
+    return {"budget_seconds": float(m.group(1))}
+  raise UsageError(f"--fuzz_budget must be a positive number of variants "
+                   f"(e.g. 40) or of seconds (e.g. 120s); got {text!r}")
+
+
+class FuzzFlags(NamedTuple):
+  """The flags of :func:`define_fuzz_flags` (absl flag holders)."""
+
+  fuzz: flags.FlagHolder
+  budget: flags.FlagHolder
+  seed: flags.FlagHolder
+  families: flags.FlagHolder
+
+  def settings(self) -> dict | None:
+    """The fuzz settings of these flags, or None without ``--fuzz``.
+
+    The keys are keywords of ``peat.fuzz`` and settings of
+    ``peat.validate(..., fuzz=...)``: ``budget_cases`` or
+    ``budget_seconds`` (from ``--fuzz_budget``; absent: the library's
+    default), ``seed`` and ``families`` (absent when the flag is not
+    given). A tool that fuzzes passes them on, e.g.
+    ``peat.fuzz(campaign_dir, spec, **fuzz_flags.settings())``.
+
+    Raises:
+      UsageError: a bad ``--fuzz_budget`` or family, or a ``--fuzz_*``
+        flag without ``--fuzz``.
+    """
+    budget = parse_fuzz_budget(self.budget.value)
+    given = [f"--{h.name}" for h in (self.budget, self.seed, self.families)
+             if h.present]
+    if not self.fuzz.value:
+      if given:
+        raise UsageError(f"{', '.join(given)} set how the shapes beyond "
+                         "training are fuzzed; add --fuzz to fuzz them")
+      return None
+    out = dict(budget)
+    if self.seed.value is not None:
+      out["seed"] = int(self.seed.value)
+    if self.families.value:
+      import peat_jax as peat  # pylint: disable=g-import-not-at-top
+      known = tuple(peat.profiler.FUZZ_FAMILIES)
+      bad = [f for f in self.families.value if f not in known]
+      if bad:
+        raise UsageError(f"--fuzz_families: unknown families {bad}; "
+                         f"expected some of {list(known)}")
+      out["families"] = list(self.families.value)
+    return out
+
+
+def define_fuzz_flags(flag_values: flags.FlagValues) -> FuzzFlags:
+  """Defines --fuzz, --fuzz_budget, --fuzz_seed and --fuzz_families.
+
+  The shapes beyond training: the KUT on variants of its sites' captured
+  real inputs (``peat.fuzz``), with a verdict of its own. A tool reads
+  them with :meth:`FuzzFlags.settings` (None without ``--fuzz``; a
+  :class:`UsageError`, exit status 2, on bad values), e.g.::
+
+    _FUZZ = _cli.define_fuzz_flags(FLAGS)
+    ...
+    fuzz = _FUZZ.settings()          # in main, inside its try
+    if fuzz is not None:
+      r = peat.fuzz(campaign_dir, spec, task=task, **fuzz)
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+
+  Returns:
+    Their holders.
+  """
+  return FuzzFlags(
+      flags.DEFINE_bool(
+          "fuzz", False,
+          "Also fuzz the shapes beyond training: run the KUT on variants of "
+          "its forward sites' captured real inputs (other batch sizes, one "
+          "row, lengths around multiples of 8..128 and 4096 and past 2^14, "
+          "attention masks and head layouts, magnitudes up to the overflow "
+          "edge, denormals; peat.fuzz). Their verdict is kept apart from "
+          "the training verdict.", flag_values=flag_values),
+      flags.DEFINE_string(
+          "fuzz_budget", None,
+          "With --fuzz: at most this many variants (e.g. 40), or no "
+          "variant started after this many seconds (e.g. 120s). Default: "
+          "the library's (peat.validate: 40 variants).",
+          flag_values=flag_values),
+      flags.DEFINE_integer(
+          "fuzz_seed", None, "With --fuzz: the variants' seed (default 0).",
+          flag_values=flag_values),
+      flags.DEFINE_list(
+          "fuzz_families", None,
+          "With --fuzz: only these variant families, some of batch, rows, "
+          "length, attention, magnitude, denormal (default all).",
+          flag_values=flag_values))
 
 
 def define_report_backward_flag(flag_values: flags.FlagValues):

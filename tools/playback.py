@@ -8,6 +8,9 @@ Usage::
   # op-level playback on the inputs captured by peat-profile (no model)
   python -m peat_jax.tools.playback --campaign_dir=runs/profile_cnn \
       --kut=native:matmul:acc_bf16 --ops
+  # shapes beyond training: the KUT on variants of the captured inputs
+  python -m peat_jax.tools.playback --campaign_dir=runs/profile_gpt \
+      --kut=native:softmax:default --fuzz --fuzz_budget=60 --scenario=gpt
 
 Model playback (default): for each saved checkpoint s of
 <campaign_dir>/golden (all but the last, or --checkpoints), restore the training
@@ -30,7 +33,19 @@ float64 reference, and append the records to <campaign_dir>/ops.msgpack.
 --checkpoints then lists capture steps. Corrupt capture files are named in
 the error.
 
-Both resume: records already there are skipped. The end prints a summary
+Fuzz (--fuzz): for each site of the KUT's kernel that peat-profile
+captured, the KUT on variants of its real inputs (other batch sizes, one
+row, lengths around multiples of 8..128 and 4096 and past 2^14, attention
+masks and head layouts, magnitudes up to the overflow edge, denormals;
+peat.fuzz, docs/profiler.md), each compared with the golden kernel and the
+float64 reference, recorded in <campaign_dir>/fuzz.msgpack; --fuzz_budget,
+--fuzz_seed, --fuzz_families narrow it. The golden kernel of a composite
+site is the model's own function when the task flags (--scenario ... or
+--task) are given, else its kind's standard golden. The verdict printed is
+the variants' (shapes beyond training). peat-repro turns a record into a
+regression test.
+
+All resume: records already there are skipped. The end prints a summary
 table (per site: diagnosed error model, verdict, largest noise ratio) and
 the KUT's verdict; `peat-report` turns the records into the HTML report.
 KUT specs: golden, native:<matmul|conv2d|softmax|layer_norm>:<variant>[@tile]
@@ -70,6 +85,7 @@ _CHECKPOINTS = flags.DEFINE_list(
 _PHASE = flags.DEFINE_list(
     "phase", ["fwd"], "--ops only: site phases to play back (fwd, bwd); "
     "empty for every captured phase.", flag_values=FLAGS)
+_FUZZ = _cli.define_fuzz_flags(FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
 _INVARIANCE = _cli.define_invariance_flag(FLAGS)
 _TASK = _cli.define_task_flags(FLAGS, "Model playback: the golden run's")
@@ -105,6 +121,33 @@ def _ops(directory: str, steps, kut) -> tuple[list, list, list]:
   return result.records, result.sites, []
 
 
+def _fuzz(directory: str, steps, kut, settings: dict
+          ) -> tuple[list, list, list]:
+  cdir = peat.profiler.captures_dir_of(directory)
+  task = (_TASK.task(directory) if _TASK.user.value or _TASK.scenario.present
+          else None)
+  phase = tuple(_PHASE.value) or None
+  n = len({e["site"] for e in peat.profiler.select_entries(
+      peat.profiler.read_index(cdir), kut, select=_SELECT.value,
+      phase=phase, steps=steps)})
+  result = peat.fuzz(directory, kut, task=task, select=_SELECT.value,
+                     phase=phase, steps=steps, campaign_dir=directory,
+                     progress=_cli.Eta(n * 40, prefixes=("fuzz ",)),
+                     **settings)
+  print(result.summary)
+  for e in result.errors:
+    print(f"finding: {e['site']} {e['variant']}: {e['error']}")
+  if not result.records:
+    raise peat.PeatError(f"no fuzz variant ran ({len(result.skipped)} "
+                         "skipped); raise --fuzz_budget")
+  sites = list(dict.fromkeys(r["site"] for r in result.records))
+  recs = [dict(r, site=f"{r['site']} [{r['variant']}]")
+          for r in result.records]
+  order = list(dict.fromkeys(r["site"] for r in recs))
+  del sites
+  return recs, order, []
+
+
 def main(argv: list[str]) -> int:
   if _cli.stray(argv) is not None:
     return 2
@@ -126,21 +169,34 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 2
   try:
+    fuzz = _FUZZ.settings()
+    if fuzz is not None and (_OPS.value or _BACKWARD.value != "golden"
+                             or _INVARIANCE.value):
+      raise _cli.UsageError("--fuzz runs the KUT on variants of captured "
+                            "inputs, a mode of its own: drop --ops, "
+                            "--backward=kut and --invariance")
     kut = _KUT.spec()  # parsed once, before any work
     with peat.profiler.campaign_lock(directory):
-      records, sites, effects = (_ops if _OPS.value else _model)(
-          directory, steps, kut)
+      if fuzz is not None:
+        records, sites, effects = _fuzz(directory, steps, kut, fuzz)
+      else:
+        records, sites, effects = (_ops if _OPS.value else _model)(
+            directory, steps, kut)
     data = peat.report.report_data(
         kut=kut.spec, scenario=(_TASK.label() or _task_name(directory))
-        if not _OPS.value else "captured inputs", records=records, sites=sites,
+        if not (_OPS.value or fuzz is not None) else "captured inputs",
+        records=records, sites=sites,
         effects=effects, settings={"backward": _BACKWARD.value})
   except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(peat.report.summary_table(data))
-  name = peat.profiler.OPS_FILE if _OPS.value else peat.profiler.PLAYBACK_FILE
+  name = (peat.profiler.FUZZ_FILE if fuzz is not None else
+          peat.profiler.OPS_FILE if _OPS.value else
+          peat.profiler.PLAYBACK_FILE)
   print(f"records: {os.path.join(directory, name)}")
-  print(f"verdict: {data['verdict']['verdict']}")
+  print(f"{'fuzz verdict' if fuzz is not None else 'verdict'}: "
+        f"{data['verdict']['verdict']}")
   return _cli.exit_status(data["verdict"]["verdict"], _FAIL_ON.value)
 
 

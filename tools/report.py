@@ -13,7 +13,8 @@ writes <campaign_dir>/report.html (self-contained: open it in a browser) and
 report.json (the same data, docs/report.md). Nothing is rerun, so it works
 on an interrupted campaign, after `peat-playback --ops`, or to report
 another KUT whose records share the directory. Prints the summary table.
-Exit status 1 when the verdict reaches --fail_on (default fail), 2 on bad
+Exit status 1 when the verdict, or the fuzz verdict of the shapes beyond
+training (fuzz.msgpack), reaches --fail_on (default fail), 2 on bad
 input.
 """
 
@@ -55,9 +56,11 @@ def main(argv: list[str]) -> int:
     return 2
   print(peat.report.summary_table(out.data))
   print(f"verdict: {out.verdict}")
+  if out.fuzz_verdict is not None:
+    print(f"fuzz verdict: {out.fuzz_verdict}")
   print(f"report: {out.html}")
   print(f"data: {out.json}")
-  return _cli.exit_status(out.verdict, _FAIL_ON.value)
+  return _cli.exit_status(out.verdict, _FAIL_ON.value, out.fuzz_verdict)
 
 
 def run() -> None:

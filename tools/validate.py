@@ -9,6 +9,9 @@ Usage::
   # your own model and kernel (docs/kernels.md); exit status 1 on fail
   python -m peat_jax.tools.validate --task=my_model:task \
       --kut=py:my_kernels:layer_norm --kernel=layer_norm --fail_on=fail
+  # also the shapes beyond training: 40 variants of the captured inputs
+  python -m peat_jax.tools.validate --scenario=gpt \
+      --kut=native:softmax:default --fuzz --fuzz_budget=40
 
 Runs (or resumes) the golden run, playback FI at every checkpoint, runtime FI
 at each frequency, the verdict and the report, all in ``--campaign_dir``.
@@ -16,10 +19,19 @@ at each frequency, the verdict and the report, all in ``--campaign_dir``.
 forward sites (each one recorded and diagnosed); the default
 ``--backward=golden`` asks the forward-only question. ``--invariance``
 also probes the KUT for stale outputs, inputs changed in place, ignored
-inputs and batch variance at every played site.
+inputs and batch variance at every played site. ``--fuzz`` then captures
+the inputs of the KUT's forward sites at step 0 and runs the KUT on
+variants of them (``peat.fuzz``: other batch sizes, one row, other
+lengths, attention masks and layouts, magnitudes, denormals; budget
+``--fuzz_budget=40`` variants or ``=120s``, ``--fuzz_seed``,
+``--fuzz_families``): the shapes beyond training, whose verdict is printed
+as ``fuzz verdict: <v>`` after ``verdict: <v>`` and kept apart from the
+training verdict (which covers the training's shapes only).
 
-Exit status: 0, or 1 when the verdict reaches ``--fail_on`` (default
-``fail``; ``warn`` for a stricter CI gate, ``never``), 2 on bad input.
+Exit status: 0, or 1 when the training verdict or the fuzz verdict (with
+``--fuzz``, or fuzz records of the KUT already in the campaign) reaches
+``--fail_on`` (default ``fail``; ``warn`` for a stricter CI gate,
+``never``), 2 on bad input (a bad ``--fuzz_budget`` too).
 
 The default KUT, ``native:conv2d:in_bf16``, replaces the three forward
 convolutions of the default CNN (where nearly all of its compute is) by the
@@ -77,6 +89,7 @@ _STARTUP_S = flags.DEFINE_float(
     "tracing, compilation).", flag_values=FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
 _INVARIANCE = _cli.define_invariance_flag(FLAGS)
+_FUZZ = _cli.define_fuzz_flags(FLAGS)
 _MEMORY_LIMIT_MB = flags.DEFINE_integer(
     "memory_limit_mb", peat.profiler.MEMORY_LIMIT_MB,
     "Isolation: resident memory (MiB) a worker may use; 0 for no limit.",
@@ -96,6 +109,7 @@ def main(argv: list[str]) -> int:
                           _TASK.overrides)
     overrides = (json.loads(_TASK.overrides.value) if _TASK.overrides.value
                  else {})
+    fuzz = _FUZZ.settings()
   except (_cli.UsageError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -123,14 +137,16 @@ def main(argv: list[str]) -> int:
         isolate={"auto": None, "on": True, "off": False}[_ISOLATE.value],
         timeout_s=_TIMEOUT_S.value, startup_s=_STARTUP_S.value,
         memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print,
-        backward=_BACKWARD.value, invariance=_INVARIANCE.value)
+        backward=_BACKWARD.value, invariance=_INVARIANCE.value, fuzz=fuzz)
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"verdict: {paths.verdict}")
+  if fuzz is not None or paths.fuzz_verdict is not None:
+    print(f"fuzz verdict: {paths.fuzz_verdict or 'none (no variant ran)'}")
   print(f"report: {paths.html}")
   print(f"data: {paths.json}")
-  return _cli.exit_status(paths.verdict, _FAIL_ON.value)
+  return _cli.exit_status(paths.verdict, _FAIL_ON.value, paths.fuzz_verdict)
 
 
 def _scenario() -> str:

@@ -59,4 +59,5 @@ from peat_jax.detector._verdict import localize as localize
 from peat_jax.detector._verdict import reaches as reaches
 from peat_jax.detector._verdict import severity as severity
 from peat_jax.detector._verdict import verdict as verdict
+from peat_jax.detector._verdict import variants_verdict as variants_verdict
 from peat_jax.detector._verdict import worst as worst

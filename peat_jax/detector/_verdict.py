@@ -145,6 +145,48 @@ def diagnosis_of(record: Mapping[str, Any]) -> Diagnosis:
                    d["verdict"], second)
 
 
+
+def variants_verdict(records: Sequence[Mapping[str, Any]],
+                     findings: Sequence[Mapping[str, Any]] = ()
+                     ) -> tuple[Verdict | None, str]:
+  """The verdict of fuzz variants (``peat.fuzz``) and its sentence.
+
+  A finding (the KUT raised, or returned another shape or dtype, on a
+  variant) fails it; otherwise :func:`verdict` of the records' diagnoses,
+  keyed ``(site, variant)`` (``variant (seed s)`` when the records hold
+  several seeds).
+
+  Args:
+    records: fuzz site records (``"site"``, ``"variant"``,
+      ``"diagnosis"``).
+    findings: ``fuzz_error`` entries (``"site"``, ``"variant"``,
+      ``"error"``).
+
+  Returns:
+    ``(Verdict or None when there is nothing, summary sentence)``.
+  """
+  several = len({e.get("seed") for e in (*records, *findings)}) > 1
+
+  def key(r):
+    return r["site"], r["variant"] + (f" (seed {r.get('seed')})"
+                                      if several else "")
+  diags = {key(r): diagnosis_of(r) for r in records}
+  v = verdict(diags) if diags else None
+  if findings:
+    first, n = findings[0], len(findings)
+    summary = (f"fail: the KUT failed on {n} variant{'s' if n > 1 else ''}"
+               f" (first: {first['site']} {first['variant']}: "
+               f"{first['error']})")
+    if v is not None:
+      summary += f"; the others: {v.summary}"
+    return Verdict("fail", tuple(key(f) for f in findings),
+                   dict(v.models) if v is not None else {}, summary), summary
+  if v is None:
+    return None, "no variant ran"
+  worst = v.deciding[0]
+  return v, v.summary + (f"; first: {worst[0]} {worst[1]}"
+                         if v.verdict != "pass" else "")
+
 def localize(records: Sequence[Mapping[str, Any]],
              site_order: Sequence[str]) -> dict | None:
   """First site (execution order) leaving the noise floor, earliest step.

@@ -21,6 +21,9 @@ imports only the parts before it, through their facades
   hangs become findings);
 * ``scaleout``: playback over devices and hosts, runtime FI of
   data-parallel training;
+* ``fuzz``: ``fuzz`` (the KUT on variants of captured real inputs: other
+  shapes, masks, magnitudes) and ``export_repro`` (one record as a
+  regression test for the kernel's repository);
 * ``campaigns``: ``validate`` (the whole pipeline), provenance, a report
   rebuilt from a campaign directory, ``read_campaign``.
 
@@ -29,6 +32,11 @@ main ones.
 """
 
 from peat_jax.profiler.campaigns import CampaignPaths as CampaignPaths
+from peat_jax.profiler.fuzz import FUZZ_FAMILIES as FUZZ_FAMILIES
+from peat_jax.profiler.fuzz import FuzzResult as FuzzResult
+from peat_jax.profiler.fuzz import Repro as Repro
+from peat_jax.profiler.fuzz import export_repro as export_repro
+from peat_jax.profiler.fuzz import fuzz as fuzz
 from peat_jax.profiler.files import campaign_lock as campaign_lock
 from peat_jax.profiler.campaigns import validate as validate
 from peat_jax.profiler.campaigns import SOURCES as SOURCES
@@ -65,6 +73,7 @@ from peat_jax.profiler.files import LOCK_FILE as LOCK_FILE
 from peat_jax.profiler.files import LOG_FILE as LOG_FILE
 from peat_jax.profiler.files import MONITOR_FILE as MONITOR_FILE
 from peat_jax.profiler.files import OPS_FILE as OPS_FILE
+from peat_jax.profiler.files import FUZZ_FILE as FUZZ_FILE
 from peat_jax.profiler.files import PLAYBACK_FILE as PLAYBACK_FILE
 from peat_jax.profiler.files import REPORT_HTML as REPORT_HTML
 from peat_jax.profiler.files import REPORT_JSON as REPORT_JSON

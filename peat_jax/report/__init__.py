@@ -7,6 +7,8 @@ its part in the verdict, rising noise ratios, what a verdict covers),
 ``_schema`` (validation of the report data, strict JSON), ``_html`` (the
 page and :func:`write_report`), ``_sections`` (the page's training-level
 sections: noise ratio over training, significance, provenance),
+``_shapes`` (the shapes beyond training: the fuzz records' data, verdict
+and section, kept apart from the training verdict),
 ``_markup`` (tables, notes, chips) and ``_charts`` (inline SVG plots).
 docs/report.md has the schema.
 """
@@ -16,6 +18,7 @@ from peat_jax.report._data import report_data as report_data
 from peat_jax.report._data import site_entries as site_entries
 from peat_jax.report._data import summary_table as summary_table
 from peat_jax.report._data import verdict_data as verdict_data
+from peat_jax.report._shapes import fuzz_data as fuzz_data
 from peat_jax.report._training import covers_sentence as covers_sentence
 from peat_jax.report._training import provenance_lines as provenance_lines
 from peat_jax.report._training import significance_sentence as significance_sentence

@@ -1,11 +1,12 @@
 """The report data: the one builder of a campaign's report (docs/report.md).
 
 :func:`report_data` turns a KUT's site records, playback effects, runtime
-runs and crash findings into the schema :func:`write_report` renders; the
-campaign drivers (``peat.validate``) and the rebuild from a campaign
-directory (``peat.rebuild_report``, ``peat-report``) both call it, on the
-records read back from the campaign's files. :func:`summary_table` is the
-plain-text summary of the same data.
+runs, crash findings and fuzz records into the schema :func:`write_report`
+renders (the fuzz records into a section and a verdict of their own,
+``_shapes``); the campaign drivers (``peat.validate``) and the rebuild
+from a campaign directory (``peat.rebuild_report``, ``peat-report``) both
+call it, on the records read back from the campaign's files.
+:func:`summary_table` is the plain-text summary of the same data.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from peat_jax import analyzer as _analyzer
 from peat_jax import core as _core
 from peat_jax import detector as _detector
 from peat_jax.core import PeatError
+from peat_jax.report import _shapes
 from peat_jax.report import _training
 from peat_jax.report._html import finding_cause
 
@@ -218,6 +220,7 @@ def summary_table(data: dict) -> str:
     line = _training.trend_sentence(s)
     if line:
       lines.append(f"  rising: {line}")
+  lines += ["  " + line for line in _shapes.fuzz_lines(data.get("fuzz"))]
   crashes = data.get("crashes") or []
   if crashes:
     lines.append(f"  crash and hang findings ({len(crashes)}):")
@@ -245,7 +248,8 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
                 findings: Sequence[dict] = (),
                 settings: dict | None = None,
                 title: str | None = None,
-                provenance: dict | None = None) -> dict:
+                provenance: dict | None = None,
+                fuzz: Sequence[dict] = ()) -> dict:
   """The report data (docs/report.md schema) of one KUT's records.
 
   Args:
@@ -262,6 +266,10 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
     title: default ``"peat_jax validation: <kut> on <scenario>"``.
     provenance: what the verdict covers (docs/report.md ``provenance``),
       or None.
+    fuzz: the KUT's fuzz records and findings (``fuzz.msgpack``, in file
+      order): the report's ``fuzz`` section, "Shapes beyond training",
+      with a verdict of its own; the training ``verdict`` does not read
+      them.
 
   Returns:
     The data mapping for :func:`write_report`.
@@ -296,4 +304,5 @@ def report_data(*, kut: str, scenario: str, records: Sequence[dict],
       "runtime_spread": runtime_spread if runtime else None,
       "settings": dict(settings or {}),
       "provenance": dict(provenance) if provenance else None,
+      "fuzz": _shapes.fuzz_data(fuzz),
   }

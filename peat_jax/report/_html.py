@@ -12,7 +12,8 @@ number is expected) and writes two files into a directory:
   inline SVG drawn by :mod:`peat_jax.report._charts`, no JavaScript). Sections, in
   order: title (kernel under test, model scenario), verdict badge and
   summary, crash and hang findings, Detector table (worst site first),
-  localization, noise-ratio heat
+  localization, shapes beyond training (the fuzz verdict, kept apart from
+  the training verdict, and each site's variants), noise-ratio heat
   table (sites x steps), noise ratio over training (per site against the
   checkpoint step, rising sites named), error / ULP-distance / bit-position
   histograms of the top sites, playback effect, runtime FI loss curves,
@@ -80,6 +81,20 @@ are marked *, everything else may be missing or ``None``::
                  "versions"*: {...}, "sites"*: [{"site"*, "kernel", "phase",
                  "in_shapes", "in_dtypes"}], "phases", "backward",
                  "checkpoint_steps", "frequencies", "runtime_steps"}
+  fuzz          {"verdict"*: "pass"|"warn"|"fail", "summary"*: str,
+                 "scope": str, "deciding": [[site, variant], ...],
+                 "counts": {"variants", "findings", "pass", "warn",
+                            "fail": int},
+                 "families": [str], "sites": [str],
+                 "variants"*: [{"site"*, "variant"*, "family", "kernel",
+                   "shapes": [[int]], "model"*, "confidence",
+                   "verdict"*, "evidence", "noise_ratio": float|None,
+                   "secondary", "seed", "step", "golden_from"}, ...],
+                 "findings": [{"site"*, "variant"*, "family", "step",
+                   "seed", "error"*: str}, ...],
+                 "first_failure": a variant or a finding, or None}
+                the shapes beyond training: the KUT's fuzz records
+                (peat.fuzz), their verdict kept apart from ``verdict``
 
 Lists that belong together (a site's per-step lists and ``steps``; the
 playback lists; a runtime run's lists) must have equal lengths.
@@ -99,6 +114,7 @@ from typing import Any, Mapping, Sequence
 
 from peat_jax.report import _charts as _svg
 from peat_jax.report import _sections
+from peat_jax.report import _shapes
 from peat_jax.report._charts import esc, fmt
 from peat_jax.report._markup import chip as _chip
 from peat_jax.report._markup import note as _note
@@ -124,6 +140,7 @@ h3{font-size:15px;margin:18px 0 6px}
  border-radius:12px;color:#fff;min-width:120px;text-align:center}
 .v-pass{background:#1e8e3e}.v-warn{background:#f2a900;color:#1d1d1d}
 .v-fail{background:#c5221f}
+.badge.small{font-size:24px;padding:6px 18px;min-width:80px}
 .summary{font-size:16px;margin:0}.note{color:#5f6b76;font-style:italic}
 table{border-collapse:collapse;margin:6px 0 10px;font-size:13px}
 th,td{border:1px solid #dde1e5;padding:3px 7px;text-align:left;
@@ -171,7 +188,7 @@ def _section_verdict(d: Mapping) -> str:
          f'<div class="badge v-{esc(v["verdict"])}">'
          f'{esc(v["verdict"].upper())}</div>',
          f'<p class="summary">{esc(v["summary"])}</p></div>',
-         _sections.covers_line(d)]
+         _sections.covers_line(d), _shapes.verdict_line(d)]
   deciding = v.get("deciding") or []
   if deciding:
     shown = ", ".join(f"<code>{esc(s)}</code> at step {esc(fmt(t))}"
@@ -543,7 +560,8 @@ def render_html(data: Mapping, *, json_name: str = JSON_NAME,
            + "</p></header>",
            _section_verdict(d), _section_crashes(d),
            _section_detector(sites),
-           _section_localization(d), _section_heat(sites),
+           _section_localization(d), _shapes.section_fuzz(d),
+           _section_heat(sites),
            _sections.section_trends(sites),
            _section_top(sites, top_sites), _section_playback(d),
            _section_runtime(d), _sections.section_significance(d),

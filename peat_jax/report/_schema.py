@@ -218,6 +218,51 @@ def _validate(d: Mapping) -> None:
               False)
   if prov is not None:
     _check_provenance(prov)
+  fz = _get(d, "fuzz", "", (dict,), "a fuzz mapping or None", False)
+  if fz is not None:
+    _check_fuzz(fz)
+
+
+def _check_fuzz(fz: Mapping) -> None:
+  """The shapes beyond training (``fuzz``): its own verdict and variants."""
+  w = "fuzz."
+  _check_verdict(fz.get("verdict"), "fuzz['verdict']")
+  _get(fz, "summary", w, (str,), "a string")
+  _get(fz, "scope", w, (str,), "a string", False)
+  for i, rec in enumerate(_get(fz, "deciding", w, _SEQ,
+                               "a list of [site, variant]", False) or []):
+    if not isinstance(rec, list) or len(rec) != 2:
+      raise PeatError(f"report data: fuzz.deciding[{i}] is {rec!r}; "
+                      "expected [site, variant]")
+  counts = _get(fz, "counts", w, (dict,), "a mapping {verdict: count}",
+                False)
+  for k in counts or {}:
+    _get(counts, k, w + "counts.", (int,), "an int")
+  for k in ("families", "sites"):
+    _get(fz, k, w, _SEQ, "a list of strings", False)
+  for i, v in _mappings(_get(fz, "variants", w, _SEQ,
+                             "a list of variant mappings"), f"{w}variants"):
+    vw = f"{w}variants[{i}]."
+    _get(v, "site", vw, (str,), "a site name")
+    _get(v, "variant", vw, (str,), "a variant name, e.g. 'len=64'")
+    _get(v, "family", vw, (str,), "a family name", False)
+    _get(v, "model", vw, (str,), "an error-model name")
+    _check_verdict(v.get("verdict"), f"{vw}'verdict'")
+    _get(v, "shapes", vw, _SEQ, "a list of input shapes", False)
+    _get(v, "noise_ratio", vw, _NUM + (str,), "a number or None", False)
+    _get(v, "evidence", vw, (str,), "a string", False)
+  for i, f in _mappings(_get(fz, "findings", w, _SEQ,
+                             "a list of findings", False) or [],
+                        f"{w}findings"):
+    fw = f"{w}findings[{i}]."
+    _get(f, "site", fw, (str,), "a site name")
+    _get(f, "variant", fw, (str,), "a variant name")
+    _get(f, "error", fw, (str,), "what the KUT did")
+  first = _get(fz, "first_failure", w, (dict,), "a variant, a finding or "
+               "None", False)
+  if first is not None:
+    _get(first, "site", w + "first_failure.", (str,), "a site name")
+    _get(first, "variant", w + "first_failure.", (str,), "a variant name")
 
 
 _BLOCKS = ("distance", "seed", "bf16", "vs_seed", "vs_bf16")

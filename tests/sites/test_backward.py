@@ -350,7 +350,7 @@ def test_a_narrow_operands_cotangent_is_compared_in_its_dtype():
   for b in narrow:
     tp = taps[b.site.name]
     assert tp.kut.dtype == jnp.float32  # the site's own output dtype
-    ref = R._site_reference(b.site, b.params, tp.inputs)
+    ref = R.site_reference(b.site, b.params, tp.inputs)
     np.testing.assert_array_equal(  # the KUT's VJP holds bf16 values
         np.asarray(tp.kut), np.asarray(tp.kut.astype(jnp.bfloat16), np.float32))
     seen = R.as_trained(b.params, tp)

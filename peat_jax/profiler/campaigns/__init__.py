@@ -1,9 +1,10 @@
 """Campaigns: the whole pipeline over one directory, and its results.
 
 The top of the Profiler. Private modules: ``_campaign`` (``validate``:
-golden run, playback FI, runtime FI, verdict, report), ``_campaign_report``
-(a report rebuilt from a campaign directory), ``_provenance`` (what a
-verdict covers: KUT hash, platform, versions, sites) and ``_results``
+golden run, playback FI, runtime FI, optionally fuzzing (captures and
+``peat.fuzz``), verdict, report), ``_campaign_report`` (a report rebuilt
+from a campaign directory, fuzz records included), ``_provenance`` (what
+a verdict covers: KUT hash, platform, versions, sites) and ``_results``
 (``read_campaign``: a campaign's results as typed data).
 """
 
@@ -18,6 +19,9 @@ from peat_jax.profiler.campaigns._results import CampaignResults as CampaignResu
 from peat_jax.profiler.campaigns._results import CampaignVerdict as CampaignVerdict
 from peat_jax.profiler.campaigns._results import EffectRecord as EffectRecord
 from peat_jax.profiler.campaigns._results import Finding as Finding
+from peat_jax.profiler.campaigns._results import FuzzFinding as FuzzFinding
+from peat_jax.profiler.campaigns._results import FuzzRecord as FuzzRecord
+from peat_jax.profiler.campaigns._results import FuzzVerdict as FuzzVerdict
 from peat_jax.profiler.campaigns._results import Provenance as Provenance
 from peat_jax.profiler.campaigns._results import RuntimeRun as RuntimeRun
 from peat_jax.profiler.campaigns._results import SiteRecord as SiteRecord

@@ -1,5 +1,10 @@
 """Validation campaigns: playback FI, runtime FI, verdict, localization, report.
 
+With ``fuzz``, :func:`validate` also captures the KUT's forward sites at
+step 0 (``peat.profile``, the campaign's own golden run) and runs
+``peat.fuzz`` on variants of those inputs: the shapes beyond training,
+whose verdict is kept apart from the training verdict.
+
 A campaign is one directory; :mod:`peat_jax.profiler.files._layout` names every
 file in it (docs/campaign.md).
 
@@ -16,13 +21,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import numbers
 import os
 import time
 from typing import Callable, NamedTuple, Sequence
 
 
 from peat_jax.profiler.campaigns import _campaign_report
+from peat_jax.profiler import capture as _capture
 from peat_jax.profiler import files as _files
+from peat_jax.profiler import fuzz as _fuzz
 from peat_jax.profiler import golden as _golden
 from peat_jax.profiler import isolation as _isolation
 from peat_jax.profiler.campaigns import _provenance
@@ -115,13 +123,140 @@ class CampaignPaths(NamedTuple):
     directory: the campaign directory.
     html: report.html.
     json: report.json.
-    verdict: the KUT's verdict (``pass``/``warn``/``fail``).
+    verdict: the KUT's verdict (``pass``/``warn``/``fail``) over the
+      training's shapes: playback and runtime FI; fuzzing never changes it.
+    fuzz_verdict: the verdict of the shapes beyond training
+      (``pass``/``warn``/``fail``): the KUT's fuzz records in the campaign
+      (``fuzz.msgpack``, this run's and earlier ones'), as the report's
+      "Shapes beyond training" section has it; None when there are none.
   """
 
   directory: str
   html: str
   json: str
   verdict: str
+  fuzz_verdict: str | None = None
+
+
+#: Keys of ``validate``'s ``fuzz`` settings.
+FUZZ_KEYS = ("budget_cases", "budget_seconds", "seed", "families", "select",
+             "capture_budget_bytes")
+#: Variants fuzzed when the settings give no budget.
+FUZZ_BUDGET_CASES = 40
+#: Storage budget of the captures fuzzing starts from (bytes).
+FUZZ_CAPTURE_BYTES = 256 << 20
+
+
+def _positive(name: str, v, kind: type) -> None:
+  if v is not None and (isinstance(v, bool) or not isinstance(v, kind)
+                        or not v > 0):
+    raise PeatError(f"fuzz setting {name!r} must be a positive "
+                    f"{'integer' if kind is numbers.Integral else 'number'};"
+                    f" got {v!r}")
+
+
+def fuzz_settings(fuzz: "bool | dict | None", select: str | None
+                  ) -> dict | None:
+  """``validate``'s ``fuzz`` argument as complete, checked settings.
+
+  Args:
+    fuzz: None or False (no fuzzing), True (the defaults) or a dict of
+      some of :data:`FUZZ_KEYS`.
+    select: the campaign's ``select`` (the default of ``fuzz["select"]``).
+
+  Returns:
+    None, or every key of :data:`FUZZ_KEYS` with its value or default.
+
+  Raises:
+    PeatError: another type, an unknown key, a bad value (naming it).
+  """
+  if fuzz is None or fuzz is False:
+    return None
+  if fuzz is True:
+    fuzz = {}
+  if not isinstance(fuzz, dict):
+    raise PeatError(f"fuzz must be None, True, False or a dict of settings "
+                    f"{list(FUZZ_KEYS)}; got {type(fuzz).__name__} "
+                    f"{fuzz!r}")
+  bad = sorted(set(fuzz) - set(FUZZ_KEYS))
+  if bad:
+    raise PeatError(f"unknown fuzz settings {bad}; expected some of "
+                    f"{list(FUZZ_KEYS)}")
+  out = {k: fuzz.get(k) for k in FUZZ_KEYS}
+  _positive("budget_cases", out["budget_cases"], numbers.Integral)
+  _positive("budget_seconds", out["budget_seconds"], numbers.Real)
+  _positive("capture_budget_bytes", out["capture_budget_bytes"],
+            numbers.Integral)
+  if out["budget_cases"] is None and out["budget_seconds"] is None:
+    out["budget_cases"] = FUZZ_BUDGET_CASES
+  if out["capture_budget_bytes"] is None:
+    out["capture_budget_bytes"] = FUZZ_CAPTURE_BYTES
+  seed = 0 if out["seed"] is None else out["seed"]
+  if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+    raise PeatError(f"fuzz setting 'seed' must be an integer; got {seed!r}")
+  out["seed"] = int(seed)
+  fams = out["families"]
+  known = list(_fuzz.FUZZ_FAMILIES)
+  if fams is not None:
+    if not isinstance(fams, (list, tuple)) or not fams or not all(
+        isinstance(f, str) for f in fams):
+      raise PeatError(f"fuzz setting 'families' must be a list of family "
+                      f"names, some of {known}; got {fams!r}")
+    unknown = sorted(set(fams) - set(known))
+    if unknown:
+      raise PeatError(f"fuzz setting 'families' has unknown families "
+                      f"{unknown}; expected some of {known}")
+    out["families"] = list(fams)
+  sel = out["select"]
+  if sel is not None and not isinstance(sel, str) and not (
+      isinstance(sel, (list, tuple)) and all(isinstance(x, str)
+                                             for x in sel)):
+    raise PeatError(f"fuzz setting 'select' must be an fnmatch pattern or "
+                    f"a list of site names; got {sel!r}")
+  if sel is None:
+    out["select"] = select
+  return out
+
+
+def _capture_for_fuzz(task: TrainTask, kut: "_kut.CheckedSpec",
+                      directory: str, fz: dict, *, steps: int,
+                      checkpoint_every: int, seed: int,
+                      say: Callable[[str], None], label: str) -> None:
+  """Captures the inputs of the KUT's forward sites at step 0.
+
+  ``peat.profile`` holds the campaign lock itself: the caller must not.
+  """
+  spec = kut.spec
+  budget = (f"{fz['budget_cases']} variants" if fz["budget_cases"]
+            else "no case limit") + (
+                f", {fz['budget_seconds']:g} s"
+                if fz["budget_seconds"] else "")
+  say(f"{label} shapes beyond training: capture the forward "
+      f"{spec.site_kernel} sites at step 0 (at most "
+      f"{fz['capture_budget_bytes']} bytes), then fuzz {kut.name} "
+      f"({budget}, seed {fz['seed']}"
+      + (f", families {','.join(fz['families'])}" if fz["families"]
+         else "") + ")")
+  _capture.profile(
+      task, directory, steps=steps, checkpoint_every=checkpoint_every,
+      capture_kernel=spec.site_kernel, capture_phase="fwd",
+      capture_steps=[0], budget_bytes=fz["capture_budget_bytes"],
+      seed=seed, progress=say)
+
+
+def _fuzz_variants(task: TrainTask, kut: "_kut.CheckedSpec",
+                   directory: str, fz: dict,
+                   say: Callable[[str], None]) -> None:
+  """``peat.fuzz`` of the captures (under the campaign lock)."""
+  r = _fuzz.fuzz(directory, kut, task=task, select=fz["select"],
+                 phase="fwd", steps=[0], seed=fz["seed"],
+                 budget_cases=fz["budget_cases"],
+                 budget_seconds=fz["budget_seconds"],
+                 families=fz["families"], progress=say)
+  over = sum(s["reason"] == "over the budget" for s in r.skipped)
+  say(f"fuzz: {r.ran} variants run, {len(r.records) + len(r.errors)} "
+      f"recorded of {r.planned} planned, {over} over the budget "
+      f"({r.seconds:.1f} s): {r.summary}")
 
 
 def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,
@@ -166,8 +301,24 @@ def validate(task: TrainTask | TaskFactory,
              memory_limit_mb: int | None = _isolation.MEMORY_LIMIT_MB,
              progress: Callable[[str], None] | None = print,
              backward: str = "golden",
-             invariance: bool = False) -> CampaignPaths:
+             invariance: bool = False,
+             fuzz: "bool | dict | None" = None) -> CampaignPaths:
   """Runs a whole campaign: golden, playback, runtime FI, verdict, report.
+
+  With ``fuzz``, also the shapes beyond training, after runtime FI and
+  before the report: ``peat.profile`` captures the inputs of the KUT's
+  forward sites (its site kernel) at step 0, reusing the campaign's golden
+  run (the same steps, checkpoint interval and seed), and ``peat.fuzz``
+  runs the KUT on variants of them (other batch sizes, rows, lengths,
+  attention masks and layouts, magnitudes, denormals). Their verdict is
+  :attr:`CampaignPaths.fuzz_verdict` and the report's "Shapes beyond
+  training" section; the training verdict stays what playback and runtime
+  FI make it.
+
+  >>> paths = peat.validate(task, "native:softmax:default", "runs/c1",
+  ...                       fuzz={"budget_cases": 40})  # doctest: +SKIP
+  >>> paths.verdict, paths.fuzz_verdict                 # doctest: +SKIP
+  ('pass', 'pass')
 
   With isolation, playback and runtime FI run in worker processes with time
   and memory limits (``peat_jax.profiler.isolation._isolate``): a KUT that crashes, hangs or
@@ -210,6 +361,21 @@ def validate(task: TrainTask | TaskFactory,
       inputs, ignored inputs and batch variance at each forward site and
       composite backward site (``peat.playback``'s ``invariance``); part
       of the campaign's settings.
+    fuzz: None or False (default): no fuzzing. True: fuzz with the
+      default settings. A dict of settings, each optional:
+      ``budget_cases`` (at most this many variants run by this call;
+      default 40 when no budget is given), ``budget_seconds`` (no variant
+      starts after this many seconds), ``seed`` (the variants' seed,
+      default 0), ``families`` (a list of ``peat.profiler.FUZZ_FAMILIES``:
+      ``batch``, ``rows``, ``length``, ``attention``, ``magnitude``,
+      ``denormal``; default all), ``select`` (an fnmatch pattern or site
+      names; default the campaign's ``select``) and
+      ``capture_budget_bytes`` (the captures' storage budget, default 256
+      MiB). Not part of the campaign's settings: a rerun with other fuzz
+      settings adds its variants to ``fuzz.msgpack`` (one already there
+      for the KUT and seed is skipped), and the fuzz verdict covers every
+      fuzz record of the KUT there. Fuzzing runs the KUT in this process,
+      forward sites only.
 
   Returns:
     :class:`CampaignPaths`.
@@ -219,7 +385,12 @@ def validate(task: TrainTask | TaskFactory,
       version) in ``campaign_dir``, a campaign running there, an unknown
       spec or frequency, isolation without a TaskFactory, a corrupt record
       file (:class:`peat_jax.profiler.files._records.RecordFileError`), a bad
-      ``backward``, a backward site the KUT's VJP cannot run at (named).
+      ``backward``, a backward site the KUT's VJP cannot run at (named),
+      bad ``fuzz`` settings (checked before any work), fuzzing a
+      deliberately broken KUT; a capture or fuzzing that fails (captures
+      of other settings in the directory, no captured site of the KUT's
+      kernel, a composite kind without variants) after the training
+      report is written, with its verdict and path.
   """
   say = progress or (lambda s: None)
   directory = os.path.abspath(os.fspath(campaign_dir))
@@ -229,6 +400,11 @@ def validate(task: TrainTask | TaskFactory,
   spec = kut.spec
   if not isinstance(invariance, bool):
     raise PeatError(f"invariance must be True or False; got {invariance!r}")
+  fz = fuzz_settings(fuzz, select)
+  if fz is not None and _kut.is_broken(spec):
+    raise PeatError(f"KUT {spec.spec!r} is deliberately broken (it crashes, "
+                    "hangs or exhausts memory); fuzzing runs the KUT in this "
+                    "process, without isolation: run it without fuzz")
   kut_spec = kut.name  # the records' and the report's key
   isolated = _use_isolation(isolate, spec, factory, say)
   if factory is not None:
@@ -248,10 +424,11 @@ def validate(task: TrainTask | TaskFactory,
               "runtime_steps": runtime_steps, "select": select or "",
               "seed": seed, "backward": backward,
               "invariance": invariance}
+  n = 4 if fz is None else 5  # the campaign's stages
   with campaign_lock(directory):
     _check_settings(directory, settings)
     t0 = time.perf_counter()
-    say(f"[1/4] golden run: {steps} steps, checkpoint every "
+    say(f"[1/{n}] golden run: {steps} steps, checkpoint every "
         f"{checkpoint_every} -> {directory}/golden")
     g = _golden.golden_train(task, os.path.join(directory, _files.GOLDEN_DIR),
                              steps=steps, checkpoint_every=checkpoint_every,
@@ -263,7 +440,7 @@ def validate(task: TrainTask | TaskFactory,
                   memory_limit_mb=memory_limit_mb)
     bwd = (" with its VJP at the backward sites" if backward == "kut"
            else "")
-    say(f"[2/4] playback FI of {kut_spec}{bwd} at {len(g.steps) - 1} "
+    say(f"[2/{n}] playback FI of {kut_spec}{bwd} at {len(g.steps) - 1} "
         f"checkpoints{iso}")
     if isolated:
       _isolation.isolated_playback(factory, g.workdir, kut,
@@ -275,7 +452,7 @@ def validate(task: TrainTask | TaskFactory,
                select=select, progress=say, backward=backward,
                invariance=invariance)
     if frequencies:
-      say(f"[3/4] runtime FI{bwd}: {', '.join(frequencies)}, "
+      say(f"[3/{n}] runtime FI{bwd}: {', '.join(frequencies)}, "
           f"{runtime_steps} steps{iso}")
       if isolated:
         _isolation.isolated_runtime(
@@ -286,13 +463,43 @@ def validate(task: TrainTask | TaskFactory,
         runtime(task, g.workdir, kut, frequencies=frequencies,
                 steps=runtime_steps, campaign_dir=directory,
                 select=select, progress=say, backward=backward)
-    say("[4/4] verdict and report")
-    # The report is built from the records on disk, by the same loader
-    # as peat.rebuild_report (peat-report), so the two are the same.
-    data = _campaign_report.load_report_data(directory, kut=kut_spec,
-                                             backward=backward)
-    paths = _report.write_report(data, directory)
-    say(_report.summary_table(data))
-    say(f"report: {paths.html} ({time.perf_counter() - t0:.1f} s)")
-    return CampaignPaths(directory, str(paths.html), str(paths.json),
-                         data["verdict"]["verdict"])
+    if fz is None:
+      return _finish(directory, kut_spec, backward, say, t0, n)
+  # peat.profile holds the campaign lock itself (a second flock of this
+  # process on the file would fail): the capture runs between the two.
+  failed = None
+  try:
+    _capture_for_fuzz(task, kut, directory, fz, steps=steps,
+                      checkpoint_every=checkpoint_every, seed=seed, say=say,
+                      label=f"[4/{n}]")
+  except PeatError as err:
+    failed = err
+  with campaign_lock(directory):
+    if failed is None:
+      try:
+        _fuzz_variants(task, kut, directory, fz, say)
+      except PeatError as err:
+        failed = err
+    paths = _finish(directory, kut_spec, backward, say, t0, n)
+  if failed is not None:  # the training report is written all the same
+    raise PeatError(
+        f"fuzzing the shapes beyond training failed: {failed} The training "
+        f"verdict is {paths.verdict} (report: {paths.html}); running again "
+        "resumes the campaign and skips what is done.") from failed
+  return paths
+
+
+def _finish(directory: str, kut_spec: str, backward: str,
+            say: Callable[[str], None], t0: float, n: int) -> CampaignPaths:
+  """The verdicts and the report, from the records on disk."""
+  say(f"[{n}/{n}] verdict and report")
+  # The report is built from the records on disk, by the same loader
+  # as peat.rebuild_report (peat-report), so the two are the same.
+  data = _campaign_report.load_report_data(directory, kut=kut_spec,
+                                           backward=backward)
+  paths = _report.write_report(data, directory)
+  say(_report.summary_table(data))
+  say(f"report: {paths.html} ({time.perf_counter() - t0:.1f} s)")
+  return CampaignPaths(directory, str(paths.html), str(paths.json),
+                       data["verdict"]["verdict"],
+                       _campaign_report.fuzz_verdict_of(data))

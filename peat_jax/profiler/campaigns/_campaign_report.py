@@ -4,7 +4,7 @@
 records, playback effects and runtime runs; :func:`load_report_data` reads
 them from a campaign directory (``campaign.json``, ``playback.msgpack``,
 ``ops.msgpack``, ``runtime.msgpack``, the crash findings of isolated runs,
-``golden/run.json``, ``provenance.json``) and
+``golden/run.json``, ``provenance.json``, ``fuzz.msgpack``) and
 :func:`rebuild_report` rewrites ``report.html`` / ``report.json`` from them,
 so a report can be remade without rerunning anything (after an interrupted
 campaign, after op-level playback, or with another KUT of the same files).
@@ -83,6 +83,8 @@ class CampaignFiles(NamedTuple):
     backward: the campaign's backward setting of the records read.
     provenance: what the records cover (the report's ``provenance``:
       ``provenance.json`` joined with the records).
+    fuzz: the KUT's entries of ``fuzz.msgpack`` in file (run) order: fuzz
+      site records and ``fuzz_error`` findings (empty when none).
   """
 
   directory: str
@@ -99,6 +101,19 @@ class CampaignFiles(NamedTuple):
   scenario: str
   backward: str
   provenance: dict
+  fuzz: tuple = ()
+
+
+def read_fuzz(directory: str, kut: str) -> tuple:
+  """A KUT's entries of ``<directory>/fuzz.msgpack`` (records, findings).
+
+  Raises:
+    RecordFileError: a corrupt ``fuzz.msgpack``.
+  """
+  path = os.path.join(directory, _files.FUZZ_FILE)
+  return tuple(r for r in _files.read_records(path)
+               if r.get("kind") in ("site", "fuzz_error")
+               and r.get("kut") == kut)
 
 
 def read_campaign_files(directory: str | os.PathLike, *,
@@ -171,7 +186,8 @@ def read_campaign_files(directory: str | os.PathLike, *,
   prov = _provenance.provenance(_provenance.read(d), kut, sites, rt,
                                 backward=backward)
   return CampaignFiles(d, settings, run, source, kut, kuts, sites, effects,
-                       findings, rt, spread, scenario, backward, prov)
+                       findings, rt, spread, scenario, backward, prov,
+                       read_fuzz(d, kut))
 
 
 def report_data_of(files: CampaignFiles) -> dict:
@@ -188,7 +204,8 @@ def report_data_of(files: CampaignFiles) -> dict:
       kut=files.kut, scenario=files.scenario, records=files.sites,
       sites=_order(files.sites), effects=files.effects, runtime=files.runtime,
       runtime_spread=files.runtime_spread, findings=files.findings,
-      settings=shown, title=title, provenance=files.provenance)
+      settings=shown, title=title, provenance=files.provenance,
+      fuzz=files.fuzz)
 
 
 def load_report_data(directory: str | os.PathLike, *, kut: str | None = None,
@@ -220,18 +237,25 @@ class Rebuilt(NamedTuple):
     json: ``report.json``.
     verdict: the KUT's verdict.
     data: the report data.
+    fuzz_verdict: the verdict of the shapes beyond training (its fuzz
+      records), or None without fuzz records.
   """
 
   html: str
   json: str
   verdict: str
   data: dict
+  fuzz_verdict: str | None = None
 
 
 def rebuild_report(directory: str | os.PathLike, *, kut: str | None = None,
                    source: str = "auto",
                    backward: str | None = None) -> Rebuilt:
   """Rewrites a campaign's ``report.html`` and ``report.json`` from its files.
+
+  The KUT's fuzz records (``fuzz.msgpack``), when there are any, make the
+  report's "Shapes beyond training" section and ``fuzz`` verdict, kept
+  apart from the training verdict.
 
   Args:
     directory: the campaign directory.
@@ -249,4 +273,9 @@ def rebuild_report(directory: str | os.PathLike, *, kut: str | None = None,
                                           backward=backward)
   paths = _report.write_report(data, os.fspath(directory))
   return Rebuilt(str(paths.html), str(paths.json),
-                 data["verdict"]["verdict"], data)
+                 data["verdict"]["verdict"], data, fuzz_verdict_of(data))
+
+
+def fuzz_verdict_of(data: dict) -> str | None:
+  """The report data's fuzz verdict, None without fuzz records."""
+  return (data.get("fuzz") or {}).get("verdict")

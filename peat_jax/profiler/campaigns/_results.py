@@ -8,6 +8,8 @@ as typed, immutable objects (docs/campaign.md):
 >>> c = peat.read_campaign("runs/c1")                      # doctest: +SKIP
 >>> c.verdict.verdict, c.sites()                           # doctest: +SKIP
 >>> df = c.to_pandas()      # one row per (step, site)     # doctest: +SKIP
+>>> c.fuzz_verdict and c.fuzz_verdict.verdict  # shapes beyond training
+...                                                        # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -192,6 +194,87 @@ def _provenance(p: dict) -> Provenance:
       tuple(p.get("earlier") or ()), _report.covers_sentence(p))
 
 
+class FuzzRecord(NamedTuple):
+  """One fuzz variant of a site: the KUT against golden on inputs derived
+  from the site's captured real inputs (``peat.fuzz``, ``fuzz.msgpack``).
+
+  Attributes:
+    site: the site's name.
+    variant: the variant's name (``len=64``, ``batch=1``,
+      ``q_len<kv_len``, ``scale=edge``, ...).
+    family: its family (``batch``, ``rows``, ``length``, ``attention``,
+      ``magnitude``, ``denormal``).
+    shapes: the variant's input shapes.
+    seed: the variants' seed.
+    step: the captured step the inputs come from.
+    kernel: the site's kernel.
+    model: the diagnosed error model.
+    confidence: the diagnosis' confidence.
+    verdict: ``pass``, ``warn`` or ``fail``.
+    evidence: the rule's evidence, in words.
+    noise_ratio: error vs the golden kernel's own distance to float64
+      (None without a reference).
+    golden_from: the golden kernel of the variant: ``primitive``,
+      ``site`` (the task's marked function) or ``standard``.
+    signature: every stored signature field.
+  """
+
+  site: str
+  variant: str
+  family: str
+  shapes: tuple
+  seed: int | None
+  step: int | None
+  kernel: str | None
+  model: str
+  confidence: float
+  verdict: str
+  evidence: str
+  noise_ratio: float | None
+  golden_from: str | None
+  signature: dict
+
+
+class FuzzFinding(NamedTuple):
+  """A fuzz variant the KUT failed on outright: it raised, or returned
+  another shape or dtype than the golden kernel (a ``fail``).
+
+  Attributes:
+    site: the site's name.
+    variant: the variant's name.
+    family: its family.
+    step: the captured step.
+    seed: the variants' seed.
+    error: what the KUT did.
+  """
+
+  site: str
+  variant: str
+  family: str
+  step: int | None
+  seed: int | None
+  error: str
+
+
+class FuzzVerdict(NamedTuple):
+  """The verdict of the shapes beyond training, kept apart from the
+  training verdict (:class:`CampaignVerdict`), which covers the
+  training's shapes only.
+
+  Attributes:
+    verdict: ``pass``, ``warn`` or ``fail`` (a finding fails it).
+    summary: one line on why.
+    deciding: ``(site, variant)`` pairs that decided it.
+    first_failure: the first variant in run order that failed (the
+      report's ``fuzz.first_failure`` mapping), or None.
+  """
+
+  verdict: str
+  summary: str
+  deciding: tuple
+  first_failure: dict | None
+
+
 class CampaignResults(NamedTuple):
   """A campaign directory's settings, records and verdict (read_campaign).
 
@@ -209,6 +292,11 @@ class CampaignResults(NamedTuple):
     verdict: the verdict, with its summary and localization.
     provenance: what the verdict covers (:class:`Provenance`).
     report: the report data (docs/report.md), as ``report.json`` has it.
+    fuzz: the KUT's fuzz records (:class:`FuzzRecord`, in run order):
+      the shapes beyond training; empty without ``fuzz.msgpack``.
+    fuzz_findings: its fuzz findings (:class:`FuzzFinding`).
+    fuzz_verdict: their verdict (:class:`FuzzVerdict`), kept apart from
+      ``verdict``; None without fuzz records.
   """
 
   directory: str
@@ -223,6 +311,9 @@ class CampaignResults(NamedTuple):
   verdict: CampaignVerdict
   provenance: Provenance
   report: dict
+  fuzz: tuple = ()
+  fuzz_findings: tuple = ()
+  fuzz_verdict: FuzzVerdict | None = None
 
   def sites(self) -> list[str]:
     """The site names of the records, in execution order."""
@@ -272,6 +363,30 @@ def _site(r: dict) -> SiteRecord:
       float(sig["abs_max"]), float(sig["rel_rms"]), dict(sig))
 
 
+def _fuzz_record(r: dict) -> FuzzRecord:
+  sig, diag = r.get("signature") or {}, r["diagnosis"]
+  nr = sig.get("noise_ratio")
+  return FuzzRecord(
+      r["site"], r["variant"], r.get("family") or "",
+      tuple(tuple(s) for s in r.get("shapes") or ()), r.get("seed"),
+      r.get("step"), r.get("kernel"), diag["model"],
+      float(diag["confidence"]), diag["verdict"], diag["evidence"],
+      None if nr is None else float(nr), r.get("golden_from"), dict(sig))
+
+
+def _fuzz_finding(f: dict) -> FuzzFinding:
+  return FuzzFinding(f["site"], f["variant"], f.get("family") or "",
+                     f.get("step"), f.get("seed"), f.get("error") or "")
+
+
+def _fuzz_verdict(fz: dict | None) -> FuzzVerdict | None:
+  if not fz:
+    return None
+  return FuzzVerdict(fz["verdict"], fz["summary"],
+                     tuple(tuple(k) for k in fz.get("deciding") or ()),
+                     fz.get("first_failure"))
+
+
 def _run(r: dict) -> RuntimeRun:
   known = ("frequency", "steps", "loss", "golden_loss", "diverged_at",
            "reason", "crashed")
@@ -299,7 +414,9 @@ def read_campaign(directory: str | os.PathLike, *, kut: str | None = None,
       ``"auto"`` (playback records when there are any).
 
   Returns:
-    :class:`CampaignResults` (``.to_pandas()`` for a DataFrame).
+    :class:`CampaignResults` (``.to_pandas()`` for a DataFrame); its
+    ``fuzz``, ``fuzz_findings`` and ``fuzz_verdict`` hold the shapes
+    beyond training (``fuzz.msgpack``), apart from ``verdict``.
 
   Raises:
     PeatError: a missing directory, no records, several KUTs and no
@@ -324,4 +441,8 @@ def read_campaign(directory: str | os.PathLike, *, kut: str | None = None,
       files.source, tuple(playback), effects,
       tuple(_run(r) for r in data.get("runtime") or ()),
       tuple(_finding(f) for f in files.findings), verdict,
-      _provenance(files.provenance), data)
+      _provenance(files.provenance), data,
+      tuple(_fuzz_record(r) for r in files.fuzz if r["kind"] == "site"),
+      tuple(_fuzz_finding(f) for f in files.fuzz
+            if f["kind"] == "fuzz_error"),
+      _fuzz_verdict(data.get("fuzz")))

@@ -8,6 +8,13 @@ inputs of chosen sites at chosen steps under a storage budget),
 
 from peat_jax.profiler.capture._capture_io import load_record as load_record
 from peat_jax.profiler.capture._capture_io import read_index as read_index
+from peat_jax.profiler.capture._capture_io import _Slot as ArraySlot
+from peat_jax.profiler.capture._capture_io import decode_params as decode_params
+from peat_jax.profiler.capture._capture_io import decode_value as decode_value
+from peat_jax.profiler.capture._capture_io import encode_value as encode_value
+from peat_jax.profiler.capture._capture_io import eqn_at as eqn_at
+from peat_jax.profiler.capture._capture_io import site_fields as site_fields
+from peat_jax.profiler.capture._capture_io import site_of as site_of
 from peat_jax.profiler.capture._capture import ProfileResult as ProfileResult
 from peat_jax.profiler.capture._capture import capture_step_list as capture_step_list
 from peat_jax.profiler.capture._capture import profile as profile

@@ -18,6 +18,8 @@ from peat_jax.profiler.files._layout import LOCK_FILE as LOCK_FILE
 from peat_jax.profiler.files._layout import LOG_FILE as LOG_FILE
 from peat_jax.profiler.files._layout import MONITOR_FILE as MONITOR_FILE
 from peat_jax.profiler.files._layout import OPS_FILE as OPS_FILE
+from peat_jax.profiler.files._layout import FUZZ_FILE as FUZZ_FILE
+from peat_jax.profiler.files._layout import REPRO_DIR as REPRO_DIR
 from peat_jax.profiler.files._layout import PLAYBACK_FILE as PLAYBACK_FILE
 from peat_jax.profiler.files._layout import PROVENANCE_FILE as PROVENANCE_FILE
 from peat_jax.profiler.files._layout import REPORT_HTML as REPORT_HTML

@@ -43,6 +43,8 @@ CRASH_FILE = "crashes.msgpack"
 CAPTURE_DIR = "captures"
 CAPTURE_INDEX_FILE = "index.json"
 OPS_FILE = "ops.msgpack"
+FUZZ_FILE = "fuzz.msgpack"
+REPRO_DIR = "repro"
 SHARD_DIR = "playback_shards"
 ISOLATE_TMP_DIR = ".isolate"
 MONITOR_FILE = "monitor.msgpack"
@@ -103,6 +105,6 @@ def campaign_dirs(golden_dir: str | os.PathLike,
 
 __all__ = ["checkpoint_dir_of", "campaign_dirs", "CampaignDirs", "REPORT_HTML", "REPORT_JSON", "SETTINGS_FILE", "PROVENANCE_FILE", "LOCK_FILE",
            "GOLDEN_DIR", "PLAYBACK_FILE", "RUNTIME_FILE", "RUNTIME_DP_FILE",
-           "CRASH_FILE", "CAPTURE_DIR", "CAPTURE_INDEX_FILE", "OPS_FILE",
+           "CRASH_FILE", "CAPTURE_DIR", "CAPTURE_INDEX_FILE", "OPS_FILE", "FUZZ_FILE", "REPRO_DIR",
            "SHARD_DIR", "ISOLATE_TMP_DIR", "MONITOR_FILE", "RUN_FILE",
            "CHECKPOINT_DIR", "LOG_FILE", "EVAL_FILE"]

@@ -13,6 +13,8 @@ checks of ``invariance=True``), ``_timing`` (per-phase timers) and
 
 from peat_jax.profiler.playback_fi._site_records import ProbeCache as ProbeCache
 from peat_jax.profiler.playback_fi._site_records import site_record as site_record
+from peat_jax.profiler.playback_fi._site_records import site_reference as site_reference
+from peat_jax.profiler.playback_fi._site_records import reduction_length as reduction_length
 from peat_jax.profiler.playback_fi._player import Player as Player
 from peat_jax.profiler.playback_fi._player import PlayerGroup as PlayerGroup
 from peat_jax.profiler.playback_fi._player import select_calls as select_calls

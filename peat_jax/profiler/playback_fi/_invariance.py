@@ -33,7 +33,7 @@ import numpy as np
 from peat_jax import analyzer as _analyzer
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
-from peat_jax.profiler.playback_fi._site_records import _site_reference
+from peat_jax.profiler.playback_fi._site_records import site_reference
 
 _HASH = np.random.default_rng(2026).integers(
     1, 2**63, size=1 << 16, dtype=np.uint64) | np.uint64(1)
@@ -196,7 +196,7 @@ class InvarianceChecks:
     axes = _axes(call, params, inputs, kut)
     probe = _analyzer.invariance_probe(
         fn, inputs, golden=golden,
-        reference=lambda *xs: _site_reference(call.site, params, xs),
+        reference=lambda *xs: site_reference(call.site, params, xs),
         in_axes=None if axes is None else axes[0],
         out_axes=None if axes is None else axes[1])
     outs = probe["outputs"]

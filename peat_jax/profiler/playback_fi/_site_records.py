@@ -25,7 +25,8 @@ from peat_jax.profiler.files import tag_backward
 from peat_jax.kernels import kut as _kut
 
 
-def _reduction(site: _sites.Site, params: dict) -> int:
+def reduction_length(site: _sites.Site, params: dict) -> int:
+  """The reduction length K of a site's call (the Detector's context)."""
   shapes = site.in_shapes
   if site.kernel == "dot_general":
     return _kut.dot_general_reduction(shapes, params["dimension_numbers"])
@@ -36,7 +37,7 @@ def _reduction(site: _sites.Site, params: dict) -> int:
   return int(shapes[0][-1]) if shapes and shapes[0] else 1
 
 
-def _site_reference(site: _sites.Site, params: dict, inputs) -> Any:
+def site_reference(site: _sites.Site, params: dict, inputs) -> Any:
   """float64 reference of a site's golden kernel on its tapped inputs.
 
   Under ``scan`` the taps have a leading iteration axis: the reference is
@@ -69,7 +70,7 @@ class DeviceReferences:
   One jitted call (traced with x64) computes the references of the sites
   asked for and splits each into float32 (hi, lo) halves: neither the site
   inputs nor any float64 array come to the host. Composite sites (no
-  traceable golden kernel) keep the host path (``_site_reference``).
+  traceable golden kernel) keep the host path (``site_reference``).
   """
 
   def __init__(self, sites: Sequence[tuple[_sites.Site, dict]]):
@@ -133,7 +134,7 @@ def _host_screens(i: int, site: _sites.Site, params: dict,
   """Screens (dispatched, not fetched) of a site referenced on host
   copies: a forward site (one record: its first output), or a composite's
   backward site (one record per cotangent)."""
-  ref = _site_reference(site, params, tp.inputs)
+  ref = site_reference(site, params, tp.inputs)
   many = isinstance(tp.golden, tuple)
   if params.get("vjp"):
     tests = tp.kut if many else (tp.kut,)
@@ -188,7 +189,7 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None,
   if pre is not None:  # computed on the device (profiler.playback._probe_refs)
     ref, hyps = pre
   if ref is None:
-    ref = _site_reference(site, params, inputs)
+    ref = site_reference(site, params, inputs)
   if ref is None:
     return None
   args, kwargs = inputs, {}
@@ -203,7 +204,7 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None,
   try:
     return _analyzer.port_probe(
         site.kernel, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
-        ref, reference_fn=lambda *xs: _site_reference(site, params, xs),
+        ref, reference_fn=lambda *xs: site_reference(site, params, xs),
         reference_args=inputs, hypotheses=hyps, signature="defer",
         only=only)
   except (TypeError, ValueError, PeatError):
@@ -403,7 +404,7 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
   out = []
   for p, diag in zip(pending, triaged):
     site, params, tp = sites[p.i]
-    red = _reduction(site, params)
+    red = reduction_length(site, params)
     probe, path = None, "screen"
     if diag is None:
       p, probe, path = next(done)
