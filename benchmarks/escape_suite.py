@@ -3,7 +3,8 @@
 Usage::
 
   python benchmarks/escape_suite.py [--workdir=/tmp/peat_escape] \
-      [--only=padded_tail,input_zeroing] [--quick] [--json=out.json]
+      [--only=padded_tail,input_zeroing] [--quick] [--json=out.json] \
+      [--fuzz | --nofuzz] [--fuzz_budget=N]
 
 For each defect (``benchmarks/escape/cases.py``: a documented real-world
 failure mode, as a C++ kernel of ``benchmarks/escape/escape_kernels.cc``
@@ -20,15 +21,29 @@ bridge), side by side in one run:
 * ``peat.validate`` on the training scenario where the kernel lives
   (``invariance=True``; ``backward="kut"`` for backward defects): the
   verdict, the error-model family of the records that decided it, and the
-  first of them (site, step).
+  first of them (site, step);
+* with ``--fuzz`` (the default for the shape-gated defects of
+  ``benchmarks/escape/escape_shapes.py`` and for the controls;
+  ``--fuzz`` runs it on every row, ``--nofuzz`` on none): ``peat.profile``
+  captures the inputs of the case's site kernel at step 0, ``peat.fuzz``
+  runs the kernel on every variant of the first such site (other batch
+  sizes, one row, lengths, attention's masks and kv heads, magnitudes):
+  the fuzz verdict, the family of the records that decided it and the
+  variant that exposed it (the first of them); for a defect,
+  ``peat.export_repro`` writes that variant's regression test and pytest
+  runs it twice in a subprocess, on the defect (as exported) and on its
+  ``fixed`` twin (``PEAT_REPRO_KUT``, ``PEAT_REPRO_PATH=benchmarks/escape``):
+  ``fails / passes`` is the expected outcome.
 
 Prints a Markdown table (the one in README.md) and writes it with every
 detail as JSON (``<workdir>/escape_suite.json``). ``--quick`` runs two CNN
-defects (input_zeroing, batch_variant_split): the shape of the table in
-about a minute. Exit status 1 when a control does not pass
-``peat.validate`` or a defect passes it (a random-input protocol that
-rejects a correct kernel is that protocol's false alarm: the summary says
-which).
+defects (input_zeroing, batch_variant_split) and one shape-gated defect
+(attention_gqa_modulo, with its fuzz and repro): the shape of the table in
+a few minutes. Exit status 1 when a defect is caught by neither
+``peat.validate`` nor the fuzz, a control does not pass either, or a
+shape-gated defect's repro does not fail before its fix and pass after it
+(a random-input protocol that rejects a correct kernel is that protocol's
+false alarm: the summary says which).
 """
 
 import json
@@ -43,7 +58,11 @@ from absl import flags
 from absl import logging
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "escape"))
+ESCAPE = os.path.join(HERE, "escape")
+#: docs/examples: the Pallas controls' ``py:pallas_kernels`` module.
+EXAMPLES = os.path.join(os.path.dirname(HERE), "docs", "examples")
+sys.path.insert(0, ESCAPE)
+sys.path.insert(1, EXAMPLES)
 
 import jax  # pylint: disable=wrong-import-position
 
@@ -59,8 +78,18 @@ _QUICK = flags.DEFINE_bool("quick", False,
                            "Two CNN defects only: the table's shape.")
 _JSON = flags.DEFINE_string("json", None, "Where the JSON goes (default: "
                             "<workdir>/escape_suite.json).")
+_FUZZ = flags.DEFINE_bool(
+    "fuzz", None, "Fuzz every row (--fuzz) or none (--nofuzz); default: the "
+    "shape-gated defects and the controls.")
+_FUZZ_BUDGET = flags.DEFINE_integer(
+    "fuzz_budget", None, "At most this many variants a case (default: every "
+    "variant of the site).")
 
-QUICK = ("input_zeroing", "batch_variant_split")
+QUICK = ("input_zeroing", "batch_variant_split", "attention_gqa_modulo")
+#: The capture budget of ``peat.profile`` (one step's inputs of a kernel).
+CAPTURE_BYTES = 256 << 20
+#: The expected repro outcomes: fails on the defect, passes on its fix.
+REPRO_OK = ("fails", "passes")
 SOURCE = os.path.join(HERE, "escape", "escape_kernels.cc")
 
 
@@ -112,12 +141,18 @@ def _first(records, verdict: str):
   return family, deciding[0]
 
 
-def run_peat(case, spec, golden: str, workdir: str) -> dict:
-  """``peat.validate`` on the case's scenario; the row's peat columns."""
-  _, _, steps, every = cases_lib.SCENARIOS[case.scenario]
+def _campaign(case, golden: str, workdir: str) -> str:
+  """The case's campaign directory, its golden run copied in."""
   camp = os.path.join(workdir, "campaigns", case.name)
   if not os.path.exists(os.path.join(camp, peat.profiler.GOLDEN_DIR)):
     shutil.copytree(golden, os.path.join(camp, peat.profiler.GOLDEN_DIR))
+  return camp
+
+
+def run_peat(case, spec, golden: str, workdir: str) -> dict:
+  """``peat.validate`` on the case's scenario; the row's peat columns."""
+  _, _, steps, every = cases_lib.SCENARIOS[case.scenario]
+  camp = _campaign(case, golden, workdir)
   t0 = time.time()
   peat.validate(_task(case.scenario), spec, camp, steps=steps,
                 checkpoint_every=every, frequencies=("every",),
@@ -133,17 +168,152 @@ def run_peat(case, spec, golden: str, workdir: str) -> dict:
           "records": len(res.playback), "seconds": round(time.time() - t0, 1)}
 
 
+def _fuzz_decided(res) -> dict:
+  """The fuzz verdict's family and exposing variant.
+
+  The records that decided the verdict (the Detector's order: most
+  confident first; a KUT that raised is family ``error``), their most
+  common family (ties: the first's), the first of them, and the first
+  failing one in the order the variants ran.
+  """
+  v = res.verdict
+  if v is None:
+    return {"verdict": "-", "family": "-", "variant": None,
+            "first_in_order": None, "evidence": res.summary, "failing": []}
+  recs = {(r["site"], r["variant"]): r for r in res.records}
+  errs = {(e["site"], e["variant"]): e for e in res.errors}
+  failing = []
+  for key in v.deciding if v.verdict != "pass" else ():
+    if key in errs:
+      failing.append({"variant": key[1], "family": "error",
+                      "model": "error", "evidence": errs[key]["error"]})
+    elif key in recs:
+      d = recs[key]["diagnosis"]
+      failing.append({"variant": key[1],
+                      "family": peat.detector.family(d["model"]),
+                      "model": d["model"], "evidence": d["evidence"]})
+  if not failing:
+    return {"verdict": v.verdict, "family": "-", "variant": None,
+            "first_in_order": None, "evidence": res.summary, "failing": []}
+  fams = [f["family"] for f in failing]
+  names = {f["variant"] for f in failing}
+  ran = [r["variant"] for r in res.records] + [e["variant"]
+                                                for e in res.errors]
+  return {"verdict": v.verdict,
+          "family": max(dict.fromkeys(fams), key=fams.count),
+          "variant": failing[0]["variant"],
+          "first_in_order": next((n for n in ran if n in names), None),
+          "evidence": failing[0]["evidence"], "failing": failing}
+
+
+def run_fuzz(case, spec, golden: str, workdir: str,
+             budget: int | None) -> dict:
+  """``peat.profile`` (step 0's inputs of the case's site kernel) and
+  ``peat.fuzz`` on every variant of its first site; the row's fuzz
+  columns."""
+  _, _, steps, every = cases_lib.SCENARIOS[case.scenario]
+  camp = _campaign(case, golden, workdir)
+  task = _task(case.scenario)
+  t0 = time.time()
+  prof = peat.profile(task, camp, steps=steps, checkpoint_every=every,
+                      capture_sites=case.select,
+                      capture_kernel=spec.site_kernel, capture_phase="fwd",
+                      capture_steps=[0], budget_bytes=CAPTURE_BYTES)
+  if not prof.captured:
+    raise RuntimeError(f"{case.name}: no {spec.site_kernel} site captured "
+                       f"under {CAPTURE_BYTES} bytes: {prof.skipped[:3]}")
+  site = min(prof.captured, key=lambda e: tuple(e["address"]))["site"]
+  t1 = time.time()
+  res = peat.fuzz(camp, spec, task=task, select=[site], budget_cases=budget,
+                  seed=0)
+  out = {"site": site, "sites_captured": len({e["site"]
+                                              for e in prof.captured}),
+         "summary": res.summary, "planned": res.planned,
+         "records": len(res.records), "errors": len(res.errors),
+         "skipped": res.skipped,
+         "profile_seconds": round(t1 - t0, 1),
+         "seconds": round(time.time() - t1, 1)}
+  out.update(_fuzz_decided(res))
+  return out
+
+
+def _pytest(folder: str, kut: str | None) -> dict:
+  """pytest on a repro folder in a subprocess (``kut``: PEAT_REPRO_KUT)."""
+  env = dict(os.environ, PEAT_REPRO_PATH=os.pathsep.join((ESCAPE, EXAMPLES)))
+  env.pop("PEAT_REPRO_KUT", None)
+  if kut is not None:
+    env["PEAT_REPRO_KUT"] = kut
+  t0 = time.time()
+  argv = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir",
+          folder, folder]
+  out = subprocess.run([sys.executable] + argv, cwd=folder, env=env,
+                       capture_output=True, text=True, timeout=900,
+                       check=False)
+  text = out.stdout + out.stderr
+  shown = " ".join(f"{k}={env[k]}" for k in ("PEAT_REPRO_PATH",
+                                              "PEAT_REPRO_KUT") if k in env)
+  header = f"$ {shown} python {' '.join(argv)}\n"
+  if out.returncode == 0:
+    outcome = "passes"
+  elif out.returncode == 1 and "GoldenMismatchError" in text:
+    outcome = "fails"
+  else:  # an error that is not the golden check's: import, collection
+    outcome = f"error (rc {out.returncode})"
+  lines = [l for l in text.splitlines() if l.strip()]
+  return {"outcome": outcome, "rc": out.returncode,
+          "kut": kut or "(as exported)", "last_line": lines[-1] if lines
+          else "", "output": header + text,
+          "seconds": round(time.time() - t0, 1)}
+
+
+def run_repro(case, fuzz: dict, lib: str, golden: str, workdir: str
+              ) -> dict:
+  """The exposing variant's regression test, before and after the fix;
+  the pytest outputs are kept beside it (pytest_bug.txt, pytest_fix.txt)."""
+  camp = _campaign(case, golden, workdir)
+  folder = peat.export_repro(camp, site=fuzz["site"],
+                             variant=fuzz["variant"],
+                             task=_task(case.scenario))
+  out = {"folder": folder, "variant": fuzz["variant"]}
+  for key, kut in (("bug", None), ("fix", case.fixed.format(lib=lib))):
+    res = _pytest(folder, kut)
+    with open(os.path.join(folder, f"pytest_{key}.txt"), "w",
+              encoding="utf-8") as f:
+      f.write(res.pop("output"))
+    out[key] = res
+  return out
+
+
+def _fuzzes(case) -> bool:
+  """Whether the case runs the fuzz (``--fuzz``/``--nofuzz``, else the
+  shape-gated defects and the controls)."""
+  if _FUZZ.value is not None:
+    return _FUZZ.value
+  return case.fixed is not None or case.kind == "control"
+
+
 def run_case(case, lib: str, goldens: dict, workdir: str) -> dict:
+  t0 = time.time()
   spec = _spec(case, lib)
   kut = peat.resolve_kut(spec)[0].kut
   row = {"name": case.name, "kind": case.kind, "home": case.home,
          "precedent": case.precedent, "problem": case.problem.name,
          "spec": spec.spec.replace(lib, "libescape_kernels.so"),
-         "expected": case.expected}
+         "expected": case.expected, "fixed": case.fixed,
+         "shape_gated": case.fixed is not None}
   for name, check in protocols.PROTOCOLS.items():
     out = check(case.problem, kut)
     row[name] = {"passed": out.passed, "detail": out.detail}
   row["peat"] = run_peat(case, spec, goldens[case.scenario], workdir)
+  row["fuzz"] = row["repro"] = None
+  if _fuzzes(case):
+    row["fuzz"] = run_fuzz(case, spec, goldens[case.scenario], workdir,
+                           _FUZZ_BUDGET.value)
+    if (case.kind == "defect" and case.fixed is not None
+        and row["fuzz"]["variant"] is not None):
+      row["repro"] = run_repro(case, row["fuzz"], lib,
+                               goldens[case.scenario], workdir)
+  row["seconds"] = round(time.time() - t0, 1)
   return row
 
 
@@ -151,18 +321,54 @@ def _mark(passed: bool) -> str:
   return "pass" if passed else "**fail**"
 
 
+def _fuzz_cells(r) -> tuple[str, str, str, str]:
+  """The fuzz verdict, family (expected), exposing variant and repro
+  cells of a row ("-" where the fuzz did not run)."""
+  f = r.get("fuzz")
+  if f is None:
+    return "-", "-", "-", "-"
+  want = ("pass" if r["kind"] != "defect" else
+          r["expected"] if r.get("shape_gated") else "-")
+  if r["kind"] == "defect":
+    fam = f["family"]
+    ok = fam == want if r.get("shape_gated") else f["verdict"] != "pass"
+  else:
+    fam = f["family"] if f["verdict"] != "pass" else "-"
+    ok = f["verdict"] == "pass"
+  variant = f"`{f['variant']}`" if f["variant"] else "-"
+  rep = r.get("repro")
+  repro = (f"{rep['bug']['outcome']} / {rep['fix']['outcome']}"
+           + ("" if (rep["bug"]["outcome"], rep["fix"]["outcome"])
+              == REPRO_OK else " (!)")) if rep else "-"
+  return (f"**{f['verdict']}**", f"{fam} ({want})" + ("" if ok else " (!)"),
+          variant, repro)
+
+
+def _training_family(r) -> str:
+  """The training family cell: a defect's family against its expected
+  one (a shape-gated defect's training playback is expected to pass)."""
+  p = r["peat"]
+  if r["kind"] != "defect":
+    return "- (pass)" + ("" if p["verdict"] == "pass" else " (!)")
+  if r.get("shape_gated"):
+    return (f"{p['family']} (pass) (!)" if p["verdict"] != "pass"
+            else "- (pass)")
+  return f"{p['family']} ({r['expected']})" + (
+      "" if p["family"] == r["expected"] else " (!)")
+
+
+HEAD = ("| case | bug in | KernelBench (rand, 1e-4, fwd) | assert_close "
+        "(randn, fwd) | robust-kbench (randn, 1e-5, fwd+bwd) | training "
+        "verdict | family (expected) | first site, step | fuzz verdict | "
+        "fuzz family (expected) | exposing variant | repro: bug / fix |")
+COLUMNS = HEAD.count(" | ") + 1
+
+
 def table(rows) -> str:
   """The Markdown table of the README."""
-  head = ("| case | bug in | KernelBench (rand, 1e-4, fwd) | assert_close "
-          "(randn, fwd) | robust-kbench (randn, 1e-5, fwd+bwd) | peat "
-          "verdict | family (expected) | first site, step |")
-  lines = [head, "| " + " | ".join(["---"] * 8) + " |"]
+  lines = [HEAD, "| " + " | ".join(["---"] * COLUMNS) + " |"]
   for r in rows:
     p = r["peat"]
-    fam = p["family"] if r["kind"] == "defect" else "-"
-    want = r["expected"] if r["kind"] == "defect" else "pass"
-    ok = (fam == want) if r["kind"] == "defect" else (p["verdict"] == "pass")
-    right = "" if ok else " (!)"
     where = (f"`{p['site']}`, {p['step']}" if p["step"] is not None
              else "-")
     lines.append(
@@ -170,14 +376,35 @@ def table(rows) -> str:
         f"{_mark(r['KernelBench']['passed'])} | "
         f"{_mark(r['assert_close']['passed'])} | "
         f"{_mark(r['robust-kbench']['passed'])} | "
-        f"**{p['verdict']}** | {fam} ({want}){right} | {where} |")
+        f"**{p['verdict']}** | {_training_family(r)} | {where} | "
+        + " | ".join(_fuzz_cells(r)) + " |")
   return "\n".join(lines)
+
+
+def _caught(r) -> bool:
+  """A defect flagged by training playback or by the fuzz."""
+  f = r.get("fuzz")
+  return r["peat"]["verdict"] != "pass" or (
+      f is not None and f["verdict"] not in ("pass", "-"))
+
+
+def _control_ok(r) -> bool:
+  f = r.get("fuzz")
+  return r["peat"]["verdict"] == "pass" and (f is None
+                                             or f["verdict"] == "pass")
+
+
+def _repro_ok(r) -> bool:
+  rep = r.get("repro")
+  return rep is not None and (rep["bug"]["outcome"],
+                              rep["fix"]["outcome"]) == REPRO_OK
 
 
 def summary(rows) -> tuple[str, bool]:
   """Which defects each protocol misses and which correct kernels it
-  rejects; whether peat_jax's goals hold (every defect flagged, every
-  control passing peat_jax)."""
+  rejects; whether peat_jax's goals hold (every defect caught by training
+  playback or the fuzz, every control passing both, every shape-gated
+  defect's repro failing before its fix and passing after)."""
   defects = [r for r in rows if r["kind"] == "defect"]
   controls = [r for r in rows if r["kind"] == "control"]
   out = []
@@ -188,19 +415,55 @@ def summary(rows) -> tuple[str, bool]:
                f"{', '.join(missed) or 'none'}; rejects "
                f"{len(rejected)} of {len(controls)} controls"
                + (f" ({', '.join(rejected)})" if rejected else ""))
-  flagged = [r for r in defects if r["peat"]["verdict"] != "pass"]
-  named = [r for r in defects if r["peat"]["family"] == r["expected"]]
+  old = [r for r in defects if not r.get("shape_gated")]
+  flagged = [r for r in old if r["peat"]["verdict"] != "pass"]
+  named = [r for r in old if r["peat"]["family"] == r["expected"]]
   peat_bad = [r["name"] for r in controls if r["peat"]["verdict"] != "pass"]
-  bad_controls = [r["name"] for r in controls if r["peat"]["verdict"] != "pass"
+  bad_controls = [r["name"] for r in controls if not _control_ok(r)
                   or not all(r[p]["passed"] for p in protocols.PROTOCOLS)]
-  out.append(f"peat flags {len(flagged)} of {len(defects)} defects, names "
-             f"the expected family for {len(named)}; passes "
-             f"{len(controls) - len(peat_bad)} of {len(controls)} controls"
-             + (f" (not: {', '.join(peat_bad)})" if peat_bad else "")
-             + f"; controls passing everywhere: "
-             f"{len(controls) - len(bad_controls)} of {len(controls)}"
-             + (f" (not: {', '.join(bad_controls)})" if bad_controls else ""))
-  ok = len(flagged) == len(defects) and not peat_bad
+  if old or controls:
+    out.append(f"peat flags {len(flagged)} of {len(old)} defects in training, "
+               f"names the expected family for {len(named)}; passes "
+               f"{len(controls) - len(peat_bad)} of {len(controls)} controls"
+               + (f" (not: {', '.join(peat_bad)})" if peat_bad else "")
+               + f"; controls passing everywhere: "
+               f"{len(controls) - len(bad_controls)} of {len(controls)}"
+               + (f" (not: {', '.join(bad_controls)})" if bad_controls else ""))
+  shaped = [r for r in defects if r.get("shape_gated")]
+  fuzzed = [r for r in controls if r.get("fuzz") is not None]
+  if shaped:
+    quiet = [r for r in shaped if r["peat"]["verdict"] == "pass"]
+    caught = [r for r in shaped if r.get("fuzz") is not None
+              and r["fuzz"]["verdict"] not in ("pass", "-")]
+    fnamed = [r for r in caught if r["fuzz"]["family"] == r["expected"]]
+    repro = [r for r in shaped if _repro_ok(r)]
+    out.append(
+        f"shape-gated defects: training-shape playback passes "
+        f"{len(quiet)} of {len(shaped)}"
+        + (f" (flags: {', '.join(r['name'] for r in shaped if r not in quiet)})"
+           if len(quiet) < len(shaped) else "")
+        + f"; the fuzz catches {len(caught)} of {len(shaped)} and names "
+        f"the expected family for {len(fnamed)}"
+        + (f" (not: {', '.join(r['name'] for r in shaped if r not in fnamed)})"
+           if len(fnamed) < len(shaped) else "")
+        + f"; their repros fail before the fix and pass after it for "
+        f"{len(repro)} of {len(shaped)}"
+        + (f" (not: {', '.join(r['name'] for r in shaped if r not in repro)})"
+           if len(repro) < len(shaped) else ""))
+  if fuzzed:
+    clean = [r for r in fuzzed if r["fuzz"]["verdict"] == "pass"]
+    out.append(
+        f"controls passing every fuzz variant: {len(clean)} of "
+        f"{len(fuzzed)}" + (
+            f" (not: {', '.join(r['name'] for r in fuzzed if r not in clean)})"
+            if len(clean) < len(fuzzed) else "")
+        + f" ({sum(r['fuzz']['records'] for r in fuzzed)} variants)")
+  missed = [r["name"] for r in defects if not _caught(r)]
+  if missed:
+    out.append(f"caught neither in training nor by the fuzz: "
+               f"{', '.join(missed)}")
+  ok = (not missed and all(_control_ok(r) for r in controls)
+        and all(_repro_ok(r) for r in shaped if r.get("fuzz") is not None))
   return "\n".join(out), ok
 
 
@@ -226,12 +489,17 @@ def main(argv):
   for case in chosen:
     row = run_case(case, lib, goldens, workdir)
     rows.append(row)
-    p = row["peat"]
+    p, f, rep = row["peat"], row["fuzz"], row["repro"]
     print(f"{case.name}: KernelBench {row['KernelBench']['passed']}, "
           f"assert_close {row['assert_close']['passed']}, robust-kbench "
           f"{row['robust-kbench']['passed']}; peat {p['verdict']} "
           f"{p['family']} at {p['site']} step {p['step']} "
-          f"({p['seconds']} s)", flush=True)
+          f"({p['seconds']} s)"
+          + (f"; fuzz {f['verdict']} {f['family']} at {f['variant']} "
+             f"({f['records']} variants of {f['site']}, {f['seconds']} s)"
+             if f else "")
+          + (f"; repro {rep['bug']['outcome']} / {rep['fix']['outcome']}"
+             if rep else ""), flush=True)
   text, ok = summary(rows)
   print()
   print(table(rows))

@@ -7,6 +7,14 @@ scenario where that kernel lives, played back by ``peat.validate``. The
 defects reproduce documented failure modes that passed random-input tests
 (docs/kernels.md, "The escape suite", cites each); the controls are
 correct kernels and must pass everywhere.
+
+The shape-gated defects (:data:`SHAPE_DEFECTS`,
+``benchmarks/escape/escape_shapes.py``) have their bug on a path the
+training shapes do not take: training-shape playback passes them (the
+shapes are not exercised), ``--fuzz`` (``peat.fuzz`` on variants of a
+site's captured real inputs) catches and names them, and the regression
+test ``peat.export_repro`` writes of the exposing variant fails on them and
+passes on their ``fixed`` twin.
 """
 
 from __future__ import annotations
@@ -31,12 +39,15 @@ class Case(NamedTuple):
     scenario: a key of :data:`SCENARIOS`.
     backward: ``peat.validate``'s ``backward``.
     select: narrow the sites (``fnmatch`` pattern) or None.
-    expected: the error-model family a defect should get, ``pass`` for a
-      control.
+    expected: the error-model family a defect should get (the training
+      records' for the first rows, the fuzz records' for the shape-gated
+      ones, whose training verdict is ``pass``), ``pass`` for a control.
     home: where the bug lives: ``C++`` (a kernel's), ``JAX`` (a
       formula's), or the control's origin.
     precedent: the real-world failure it reproduces.
     problem: its unit test.
+    fixed: a shape-gated defect's fixed twin (a KUT spec of the same site
+      kernel), the exported repro's "after"; None for the other rows.
   """
 
   name: str
@@ -50,6 +61,7 @@ class Case(NamedTuple):
   home: str
   precedent: str
   problem: Problem
+  fixed: str | None = None
 
 
 #: scenario -> (model scenario, config overrides, golden steps, every).
@@ -96,6 +108,14 @@ GELU = Problem(
     "KernelBench L1 #26 GELU (16x16384)", ((16, 16384),),
     lambda kut, x: kut(x), lambda x: jax.nn.gelu(x, approximate=False),
     ((((16, 16384),), 1), (((16, 16384),), 2), (((64, 4096),), 3)))
+LAYER_NORM = Problem(
+    "KernelBench L1 #40 LayerNorm (4x4x16384, over the last axis; "
+    "KernelBench normalizes 64x256x256 features a row)", ((4, 4, 16384),),
+    lambda kut, x: kut(x, jax.numpy.ones((x.shape[-1],)),
+                       jax.numpy.zeros((x.shape[-1],)), 1e-5),
+    lambda x: layers.layer_norm(x, jax.numpy.ones((x.shape[-1],)),
+                                jax.numpy.zeros((x.shape[-1],)), 1e-5),
+    ((((4, 4, 16384),), 1), (((4, 4, 16384),), 2), (((8, 8, 4096),), 3)))
 MAX = Problem(
     "KernelBench L1 #49 max over a dim (16x256x256, dim 1)",
     ((16, 256, 256),), lambda kut, x: kut(x, axes=(1,)),
@@ -152,6 +172,41 @@ DEFECTS = (
          "training diverging late)", SOFTMAX),
 )
 
+_SHAPES = "py:escape_shapes:"
+
+
+def _shape_case(fn: str, kernel: str, expected: str, precedent: str,
+                problem: Problem, scenario: str = "gpt") -> Case:
+  return Case(fn, "defect", _SHAPES + fn, kernel, scenario, "golden", None,
+              expected, "JAX (shape-gated)", precedent, problem,
+              fixed=_SHAPES + fn + "_fixed")
+
+
+#: Bugs on shapes the ``gpt`` training run never takes (escape_shapes.py's
+#: docstring): ``expected`` is the family the fuzz records get.
+SHAPE_DEFECTS = (
+    _shape_case("softmax_tail64", "softmax", "scale",
+                "rows of L % 128 == 64 count their half-full last vector "
+                "twice (tenstorrent/tt-metal issue 4599, PR 20008)",
+                SOFTMAX),
+    _shape_case("matmul_gemv", "dot_general", "unknown",
+                "an M == 1 GEMV path reads the [K, N] operand as [N, K] "
+                "(alibaba/BladeDISC PR 243)", MATMUL),
+    _shape_case("attention_causal_topleft", "attention", "lane",
+                "any mask taken for a top-left causal triangle "
+                "(Dao-AILab/flash-attention issue 517)", ATTENTION),
+    _shape_case("attention_gqa_modulo", "attention", "indexing",
+                "GQA kv heads tiled instead of repeated (onnx/onnx PR "
+                "7274); gpt has H == Hk (llama's 2 kv heads would expose "
+                "it in training)", ATTENTION),
+    _shape_case("layer_norm_wide", "layer_norm", "scale",
+                "rows of F > 4096 divided by the block's width (vllm PR "
+                "44692, lightseq PR 137)", LAYER_NORM),
+    _shape_case("reduce_max_two_pass", "reduce_max", "scale",
+                "past 2^14 elements the block maxima are summed (jax-ml/jax "
+                "issue 18573, openxla/xla issue 7112)", MAX),
+)
+
 CONTROLS = (
     Case("native_matmul_tiled", "control", "native:matmul:tiled", None,
          "cnn", "golden", None, "pass", "C++ (peat_jax native)",
@@ -170,6 +225,15 @@ CONTROLS = (
          None, "pass", "torch (third party)",
          "torch.nn.functional.scaled_dot_product_attention through the "
          "bridge", ATTENTION),
+    Case("pallas_softmax", "control", "py:pallas_kernels:softmax",
+         "softmax", "gpt", "golden", None, "pass", "Pallas (third party)",
+         "jax.experimental.pallas.ops.gpu softmax in interpret mode "
+         "(docs/examples/pallas_kernels.py; no backward kernel)", SOFTMAX),
+    Case("pallas_layer_norm", "control", "py:pallas_kernels:layer_norm",
+         "layer_norm", "gpt", "golden", None, "pass",
+         "Pallas (third party)",
+         "jax.experimental.pallas.ops.gpu layer_norm in interpret mode "
+         "(docs/examples/pallas_kernels.py)", LAYER_NORM),
 )
 
-CASES = DEFECTS + CONTROLS
+CASES = DEFECTS + SHAPE_DEFECTS + CONTROLS

@@ -43,7 +43,8 @@ from peat_jax.detector._rules import (
     _rule_edge, _rule_ftz, _rule_indexing, _rule_lane, _rule_nonfinite,
     _rule_saturation_clip, _rule_scale, _rule_sparse, _rule_stuck, _rule_tile,
     _rule_zero)
-from peat_jax.detector._rounding import _rule_rounding, within_working_sum
+from peat_jax.detector._facts import within_working_sum
+from peat_jax.detector._rounding import _rule_rounding
 
 
 #: With at most this share of elements differing (the rest bitwise

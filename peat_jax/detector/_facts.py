@@ -142,6 +142,53 @@ def _pct(x: float) -> str:
   return f"{100.0 * x:.3g}%"
 
 
+#: Median relative error of a K-term reduction whose running sum is rounded
+#: to u at every add: about 0.3 sqrt(K) u (random-walk growth of K
+#: roundings, measured 0.25-0.42 sqrt(K) u on matmul, softmax, layer norm).
+ACCUMULATION_LEVEL = 0.3
+#: A level hypothesis is accepted within this many octaves of the observed.
+LEVEL_OCTAVES = 1.5
+
+
+def working_sum_bound(f: "_Facts") -> float:
+  """The relative error a K-term reduction kept in a wide record's own
+  format (float32, float64) reaches in any order: ACCUMULATION_LEVEL
+  sqrt(K) u, LEVEL_OCTAVES above; 0 without a reduction length or for a
+  16-bit record. A long reduction's golden kernel (XLA's blocked and
+  vectorized sums) can be far more accurate than a correct kernel that
+  adds in order (a GEMM thread's accumulator over K = 65,536: ten times
+  the golden error; a softmax's sum of 2^20 terms: one row scaled by
+  1 - 4e-5); within this level such a difference is another order, not
+  a fault or a port's constant."""
+  k = f.context.get("reduction")
+  if not k or f.work not in ("fp32", "fp64"):
+    return 0.0
+  return ACCUMULATION_LEVEL * math.sqrt(float(k)) * f.u * 2.0 ** LEVEL_OCTAVES
+
+
+def within_working_sum(f: "_Facts") -> bool:
+  """Whether the record's median relative error is within
+  :func:`working_sum_bound`."""
+  bound = working_sum_bound(f)
+  return bool(bound > 0 and np.isfinite(f.rel_med) and f.rel_med <= bound)
+
+
+#: A reduction is long when its working-sum level exceeds this many u: a
+#: shorter one's other orders stay inside the golden kernel's envelope
+#: (16 u, the reordering level without a reference), so a dense error
+#: beyond that envelope is no other order there (K = 40: 5.4 u; the
+#: level passes 16 u from K = 356).
+LONG_SUM_MIN_U = 16.0
+
+
+def within_long_sum(f: "_Facts") -> bool:
+  """:func:`within_working_sum` for a long reduction (its level above
+  LONG_SUM_MIN_U u): where another correct order of the sum can reach
+  far beyond the golden kernel's envelope."""
+  return bool(working_sum_bound(f) > LONG_SUM_MIN_U * f.u
+              and within_working_sum(f))
+
+
 class _Facts:
   """Derived numbers shared by the rules."""
 

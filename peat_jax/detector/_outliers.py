@@ -33,7 +33,7 @@ import numpy as np
 from peat_jax import core as _core
 from peat_jax.detector._facts import (
     Candidate, FORMAT_MAX, MIN_PATTERN, NARROW_FORMATS, PERMUTED_ERROR,
-    _Facts, _pct)
+    _Facts, _pct, working_sum_bound)
 
 #: The ftz threshold of each narrow format: its smallest normal.
 _MIN_NORMAL = {k: _core.FORMATS[k].min_normal for k in NARROW_FORMATS}
@@ -61,7 +61,10 @@ def _rule_dense_faults(f: _Facts) -> list[Candidate]:
   # beyond any constant of the computation, and a scale need only push the
   # large elements out.
   beyond = 0.05 if f.u >= 2.0 ** -11 else 0.5
-  if (math.isfinite(delta) and abs(delta) > 64 * f.u
+  # A normalizing sum of K terms in the working format may itself be off
+  # by the working-sum level (one row of 2^20 softmax terms: 4e-5).
+  if (math.isfinite(delta) and abs(delta) > max(64 * f.u,
+                                                working_sum_bound(f))
       and resid <= 0.05 * abs(delta) and spread <= 0.05 * abs(delta)
       and f.beyond_share >= beyond):
     factor = 1.0 + delta

@@ -29,7 +29,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from peat_jax.detector._facts import (
-    Candidate, NOISE_FLOOR_MULTIPLIER, UNIT_ROUNDOFF, _Facts)
+    Candidate, NOISE_FLOOR_MULTIPLIER, UNIT_ROUNDOFF, _Facts,
+    within_long_sum)
 
 #: A per-row scale explains the error when the median row's residual is at
 #: most this share of the row's error (0.3: 91% of its energy).
@@ -59,8 +60,8 @@ def _probe(f: _Facts) -> list[Candidate]:
 
 def _rule_port(f: _Facts) -> list[Candidate]:
   """``parameter`` / ``approximation`` of a dense error beyond rounding."""
-  if not f.dec or not f.has_ref:
-    return []
+  if not f.dec or not f.has_ref or within_long_sum(f):
+    return []  # within a long working-precision sum: another order
   out = _probe(f)
   if out:
     return out

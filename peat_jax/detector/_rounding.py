@@ -13,6 +13,7 @@ import numpy as np
 
 
 from peat_jax.detector._facts import (
+    ACCUMULATION_LEVEL, LEVEL_OCTAVES, within_long_sum, working_sum_bound,
     BENIGN_NOISE_RATIO, Candidate, NARROW_FORMATS, NOISE_FLOOR_MULTIPLIER,
     REORDERING_ENVELOPE, UNIT_ROUNDOFF, _Facts, _pct)
 
@@ -24,6 +25,16 @@ from peat_jax.detector._facts import (
 #: rounds twice, an epsilon slip far below the format's resolution).
 #: Applies to 16-bit records (a float32 one keeps the direction rules).
 TRUNCATION_MIN_RATIO = 1.5
+#: Round toward zero changes about half of the nonzero outputs against
+#: round to nearest (those the nearest rounding sent up); a one-sided
+#: change of far fewer is a normalizer a fraction of an ulp smaller (one
+#: softmax row of 2^20 terms: 2.5% of its elements one ulp down), not a
+#: truncation.
+TRUNCATION_MIN_SHARE = 0.25
+#: A long working-precision sum's difference is one factor per row: its
+#: largest relative error stays within this many times the working-sum
+#: level (a fault's errors do not).
+WORKING_SUM_MAX = 4.0
 
 
 #: Median relative error of a float32 result whose inputs were rounded to a
@@ -31,27 +42,6 @@ TRUNCATION_MIN_RATIO = 1.5
 #: survives a dot product of random-signed terms; measured 0.5-1.5 u on
 #: matmul, layer norm and softmax of normal inputs).
 INPUT_ROUNDING_LEVEL = 0.6
-#: Median relative error of a K-term reduction whose running sum is rounded
-#: to u at every add: about 0.3 sqrt(K) u (random-walk growth of K
-#: roundings, measured 0.25-0.42 sqrt(K) u on matmul, softmax, layer norm).
-ACCUMULATION_LEVEL = 0.3
-#: A level hypothesis is accepted within this many octaves of the observed.
-LEVEL_OCTAVES = 1.5
-
-
-def within_working_sum(f: _Facts) -> bool:
-  """Whether a wide (float32 or float64) record's median relative error is
-  within what a K-term reduction kept in its own format reaches in any
-  order: ACCUMULATION_LEVEL sqrt(K) u, LEVEL_OCTAVES above. A long
-  reduction's golden kernel (XLA's blocked and vectorized sums) can be
-  far more accurate than a correct kernel that adds in order (a GEMM
-  thread's accumulator over K = 65,536: ten times the golden error);
-  within this level such a difference is another order, not a fault."""
-  k = f.context.get("reduction")
-  if not k or f.work not in ("fp32", "fp64"):
-    return False
-  bound = ACCUMULATION_LEVEL * math.sqrt(float(k)) * f.u * 2.0 ** LEVEL_OCTAVES
-  return bool(np.isfinite(f.rel_med) and f.rel_med <= bound)
 _GEMM_KERNELS = ("matmul", "dot_general", "conv", "conv2d",
                  "conv_general_dilated", "attention")
 _NORMALIZING_KERNELS = ("softmax", "layer_norm", "log_softmax",
@@ -181,7 +171,9 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
           {"format": fmt, "against": "reference"}))
       return out
   # Truncation: every changed magnitude went down, over many elements.
+  nonzero = f.n - int(s.get("n_golden_zero", 0))
   if (f.ndiff >= 16 and f.larger <= 0.01 * f.ndiff and f.smaller > 0
+      and f.ndiff >= TRUNCATION_MIN_SHARE * nonzero
       and truncates and _within_truncation(f, bound)):
     conf = 0.95 if f.rel_max <= bound * 1.01 else 0.7
     out.append(Candidate(
@@ -258,6 +250,21 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
         f"({level / f.u:.3g} u({f.work})), bias {float(s['bias']):+.2f}, "
         f"{f.larger} up / {f.smaller} down; {floor}",
         {"level_u": level / f.u}))
+    return out
+  if (f.has_ref and not no_reorder and within_long_sum(f)
+      and f.rel_max <= WORKING_SUM_MAX * working_sum_bound(f)):
+    # Far beyond the golden kernel's error yet within what a K-term sum
+    # kept in the working format reaches in a correct order (XLA's blocked
+    # sum is far more accurate than one added in order): another order.
+    k = int(f.context["reduction"])
+    out.append(Candidate(
+        "reordering", 0.8,
+        f"another order of a long sum: median relative error {level:.3g}, "
+        f"max {f.rel_max:.3g}, within {ACCUMULATION_LEVEL:g} sqrt(K) u"
+        f"({f.work}) x 2^{LEVEL_OCTAVES:g} = {working_sum_bound(f):.3g} for "
+        f"K = {k} terms kept in {f.work} (a correct sum in another order "
+        f"reaches it); KUT/golden RMS error vs float64 = "
+        f"{f.noise_ratio:.3g}", {"level_u": level / f.u}))
     return out
   if f.dec and float(s["value_r2"]) >= 0.6:
     return out  # a function of the value: a closed form, not input rounding

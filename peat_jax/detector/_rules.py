@@ -12,8 +12,13 @@ from typing import Any
 import numpy as np
 
 from peat_jax.detector._facts import (
-    Candidate, FORMAT_MAX, MIN_NORMAL, MIN_PATTERN, PERMUTED_ERROR, _Facts,
-    _pct)
+    BENIGN_NOISE_RATIO, Candidate, FORMAT_MAX, MIN_NORMAL, MIN_PATTERN,
+    PERMUTED_ERROR, _Facts, _pct)
+
+#: A lowest-bit difference on fewer than this share of the elements, within
+#: the golden kernel's envelope, is another rounding of the last bit, not a
+#: stuck bit (which changes about half the elements it touches).
+STUCK_LOW_BIT_SHARE = 0.25
 
 
 # ---------------------------------------------------------------------------
@@ -282,6 +287,9 @@ def _rule_stuck(f: _Facts) -> list[Candidate]:
         others <= 0.05 * f.ndiff):
       if k == f.nbits - 1 and _tiny_at_scale(f):
         continue  # signs of values near zero: another formula's rounding
+      if (k == 0 and f.has_ref and f.noise_ratio <= BENIGN_NOISE_RATIO
+          and f.ndiff < STUCK_LOW_BIT_SHARE * f.n):
+        continue  # the last bit rounded the other way, within the envelope
       out.append(Candidate(
           "stuck_at", 0.95,
           f"all {f.ndiff} differing elements differ only in bit {k} "

@@ -67,7 +67,9 @@ def test_diagnoses_are_the_same_after_a_release(monkeypatch, tmp_path):
   plain = _run(cases)
   cleared = _past_the_limit(monkeypatch, tmp_path)
   released = _run(cases)
-  assert len(cleared) == len(cases)  # each case starts by releasing
+  # Each case starts by releasing; the Analyzer's entry points release
+  # too after a call that compiled (peat_jax.analyzer.signature._api).
+  assert len(cleared) >= len(cases)
   # Everything the plain run compiled was compiled again: same records.
   assert len(plain) >= 30  # the injections of two float32 cases
   assert released == plain

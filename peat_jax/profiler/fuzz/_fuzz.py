@@ -16,7 +16,11 @@ same Analyzer and Detector as playback (the record format of
 * ``golden_from``: ``primitive``, ``site`` (the task's marked function) or
   ``standard`` (the kind's standard golden; ``standard (the site's own
   refuses it)`` when the task's function refuses the variant);
-* ``shapes``: the variant's input shapes.
+* ``shapes``: the variant's input shapes;
+* ``masked_rows``: only when the KUT wrote zeros in every fully masked
+  attention query row (torch's and flash-attention's convention, where
+  jax and the golden kernel average v): the sentence saying so; those rows
+  are then compared as the golden's.
 
 A KUT that raises, or returns another shape or dtype than the golden
 kernel, on a variant the golden kernel runs is a finding (``kind:
@@ -241,6 +245,7 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
     return None, dict(tag, kind="fuzz_error", error=(
         f"the KUT returned {got}; expected {want} like the golden kernel")
                       ), None
+  test, convention = _masked_rows_convention(site, call, golden, test)
   vsite = variant_site(site, call, golden)
   ins = _arrays(call) if site.composite else list(call.args)
   tap = _sites.Tap(tuple(ins), _one(golden), _one(test))
@@ -250,7 +255,38 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
              seed=int(seed), capture=target.entry["file"],
              captures=target.captures, golden_from=frm,
              shapes=[list(s) for s in vsite.in_shapes])
+  if convention:
+    rec["masked_rows"] = convention
   return rec, None, None
+
+
+def _masked_rows_convention(site, call: V.Call, golden: list, test: list
+                            ) -> tuple[list, str | None]:
+  """An attention's fully masked query rows: jax and flax (the golden
+  kernel) average v there, torch's SDPA and flash-attention write 0. Both
+  are conventions, not errors: a KUT that writes exactly 0 in every such
+  row (and nowhere else differs for it) is compared on the other rows,
+  its zeros replaced by the golden rows; a NaN or any other value there
+  is compared as it is."""
+  if not (site.composite and site.kernel == "attention"
+          and len(call.args) > 3 and isinstance(call.args[3], np.ndarray)):
+    return test, None
+  q, mask = call.args[0], np.asarray(call.args[3], bool)
+  b, t, h = q.shape[:3]
+  full = ~np.broadcast_to(mask, np.broadcast_shapes(
+      mask.shape, (b, h, t, mask.shape[-1]))).any(-1)  # [B, H, T]
+  if not full.any():
+    return test, None
+  rows = np.transpose(full, (0, 2, 1))  # [B, T, H], the output's layout
+  out = np.asarray(test[0])
+  if not np.all(out[rows] == 0) or np.all(np.asarray(golden[0])[rows] == 0):
+    return test, None
+  fixed = out.copy()
+  fixed[rows] = np.asarray(golden[0])[rows]
+  return [fixed] + list(test[1:]), (
+      f"zeros in the {int(rows.sum())} fully masked query rows (torch and "
+      "flash-attention's convention; jax's averages v): compared on the "
+      "others")
 
 
 def _order(tgts: Sequence[Target]) -> list[tuple[Target, V.Plan]]:

@@ -14,6 +14,7 @@ back (``peat.testing.load_repro``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -73,6 +74,10 @@ class Repro(NamedTuple):
     for d in (os.environ.get(PATH_ENV) or "").split(os.pathsep):
       if d and d not in sys.path:
         sys.path.insert(0, d)
+    if spec.startswith("torch:"):
+      # torch specs are registered by the PyTorch bridge (imported here, on
+      # demand: it imports torch).
+      importlib.import_module("peat_jax.bridges")
     parsed = _kut.parse_kut(spec, kernel=self.meta["site"]["kernel"])
     site = io.site_of(self.meta["site"])
     out, _ = _fuzz.run_kut(parsed, site, self.call)
@@ -121,8 +126,11 @@ def _find(path: str, site: str, step, variant, kut, seed) -> dict:
 
 _TEST = '''"""Regression test exported by peat_jax (peat.export_repro).
 
-What it checks: the kernel under test ({kut}), called as site
-{site} ({kernel}) calls it{where}, gives an output within the golden
+What it checks: that the kernel under test,
+    {kut}
+called as site
+    {site} ({kernel})
+{where}, gives an output within the golden
 kernel's noise floor: ``peat.testing.assert_matches_golden`` analyzes the
 KUT's output against the golden kernel's (``case.npz``, computed by
 {golden_from}) and their float64 reference, and fails unless the Detector
@@ -131,7 +139,7 @@ calls the difference rounding noise (``pass``). No training run.
 When it was exported the KUT's record said: {model} ({verdict}): {evidence}
 
 Run it on another implementation (your fix) with
-``PEAT_REPRO_KUT=<spec> pytest {folder}``; ``PEAT_REPRO_PATH`` adds
+``PEAT_REPRO_KUT=<spec> pytest <this folder>``; ``PEAT_REPRO_PATH`` adds
 folders to ``sys.path`` (a ``py:`` KUT's module).
 """
 
@@ -263,14 +271,14 @@ def export_repro(campaign_dir: str | os.PathLike, *, site: str,
     json.dump(meta, f, indent=1, default=str)
   text = _TEST.format(
       kut=kut, site=site, kernel=s.kernel,
-      where=(f" on fuzz variant {variant} of step {entry['step']}'s inputs"
-             if variant else f" at training step {entry['step']}"),
+      where=(f"on fuzz variant {variant} of step {entry['step']}'s inputs"
+             if variant else f"at training step {entry['step']}"),
       golden_from={"primitive": "the lax primitive",
                    "site": "the model's own function"}.get(
                        frm, "the kind's standard golden"),
       model=diag.get("model", "?"), verdict=diag.get("verdict", "?"),
       evidence=(diag.get("evidence") or (rec or {}).get("error")
-                or "-").replace('"""', "'''")[:400], folder=folder)
+                or "-").replace('"""', "'''")[:400])
   with open(os.path.join(folder, TEST_FILE), "w", encoding="utf-8") as f:
     f.write(text)
   return folder

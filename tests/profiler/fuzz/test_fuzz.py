@@ -112,6 +112,13 @@ def test_a_shape_gated_bug_passes_training_and_fails_the_fuzz(
                          capture_output=True, text=True, timeout=300)
   assert fixed.returncode == 0, fixed.stdout[-2000:]
   assert "1 passed" in fixed.stdout
+  # A third-party torch kernel on the same case: the repro imports the
+  # PyTorch bridge for a torch: spec itself.
+  env["PEAT_REPRO_KUT"] = "torch:softmax"
+  torch_run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p",
+                              "no:cacheprovider", folder], env=env,
+                             capture_output=True, text=True, timeout=300)
+  assert torch_run.returncode == 0, torch_run.stdout[-2000:]
 
 
 def test_a_kut_that_raises_is_a_finding(gpt, tmp_path, monkeypatch):

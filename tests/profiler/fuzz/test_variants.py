@@ -177,3 +177,44 @@ def test_interleave_covers_every_family_first():
 def test_unknown_kind_is_refused():
   with pytest.raises(PeatError, match="no fuzz variants for composite kind"):
     V.composite_plans("my_kernel", V.Call((_x((2, 3)),), {}), None)
+
+
+def _attention_site():
+  from peat_jax.sites import _discovery  # pylint: disable=import-outside-toplevel
+  return _discovery.Site("fwd/Gpt/attention:0", "attention", "fwd", "Gpt",
+                         0, True, (), (), (), (), ("composite",), False, ())
+
+
+def _masked_rows_case():
+  from peat_jax.models import layers  # pylint: disable=import-outside-toplevel
+  b, t, h, d = 2, 40, 4, 32
+  q, k, v = _x((b, t, h, d), 1), _x((b, t, h, d), 2), _x((b, t, h, d), 3)
+  mask = np.broadcast_to(A.causal(t, t), (1, 1, t, t)).copy()
+  rows = _by_name(A.plans(V.Call((q, k, v, mask), {}), None))["masked_rows"]
+  call = rows.make(np.random.default_rng(0))
+  golden = np.asarray(layers.attention(*call.args))
+  full = ~np.broadcast_to(call.args[3], (b, h, t, t)).any(-1)  # [B, H, T]
+  return call, golden, np.transpose(full, (0, 2, 1))  # [B, T, H]
+
+
+def test_zeros_in_fully_masked_rows_are_a_convention_not_an_error():
+  """torch and flash-attention write 0 where every key is masked, jax
+  averages v: a KUT with exactly that difference is compared on the other
+  rows; any other value in those rows is compared as it is."""
+  from peat_jax.profiler.fuzz import _fuzz  # pylint: disable=import-outside-toplevel
+  call, golden, rows = _masked_rows_case()
+  assert rows.any() and np.all(golden[rows] != 0)  # jax averages v there
+  torch_like = golden.copy()
+  torch_like[rows] = 0.0
+  torch_like[~rows] *= np.float32(1 + 2 ** -20)  # the other rows' noise
+  out, note = _fuzz._masked_rows_convention(  # pylint: disable=protected-access
+      _attention_site(), call, [golden], [torch_like])
+  assert note and f"{int(rows.sum())} fully masked" in note
+  np.testing.assert_array_equal(out[0][rows], golden[rows])
+  np.testing.assert_array_equal(out[0][~rows], torch_like[~rows])
+  for bad in (np.nan, 1.0):  # NaN, or garbage, in the masked rows
+    wrong = golden.copy()
+    wrong[rows] = bad
+    out, note = _fuzz._masked_rows_convention(  # pylint: disable=protected-access
+        _attention_site(), call, [golden], [wrong])
+    assert note is None and out[0] is wrong
