@@ -43,7 +43,8 @@ from peat_jax.detector._rules import (
     _rule_edge, _rule_ftz, _rule_indexing, _rule_lane, _rule_nonfinite,
     _rule_saturation_clip, _rule_scale, _rule_sparse, _rule_stuck, _rule_tile,
     _rule_zero)
-from peat_jax.detector._facts import within_working_sum
+from peat_jax.detector._facts import (
+    outliers_within_long_sum, within_working_sum)
 from peat_jax.detector._rounding import _rule_rounding
 
 
@@ -249,7 +250,8 @@ def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
     top, second = faults[0], (dense[0] if dense else None)
     if second is not None and second.model == top.model:
       second = None
-  elif dense and dense[0].model == "reordering" and f.n_out:
+  elif (dense and dense[0].model == "reordering" and f.n_out
+        and not outliers_within_long_sum(f)):
     # Outliers beyond the KUT's own noise that no fault rule explains: the
     # rest is rounding, the outliers are unexplained.
     top, second = _unknown(f), dense[0]

@@ -189,6 +189,18 @@ def within_long_sum(f: "_Facts") -> bool:
               and within_working_sum(f))
 
 
+def outliers_within_long_sum(f: "_Facts") -> bool:
+  """Whether a long reduction's outliers (beyond the golden kernel's
+  envelope: outputs whose terms cancel) are no further from golden, at the
+  output's scale (its RMS), than the working-sum level: another order's
+  error, with no fault confined to them (none non-finite, none zeroed)."""
+  s = f.s
+  bound = working_sum_bound(f)
+  return bool(f.n_out and bound > LONG_SUM_MIN_U * f.u
+              and not int(s["n_nonfinite_new"]) and not int(s["n_out_zero"])
+              and float(s["out_abs_max"]) <= bound * float(s["golden_rms"]))
+
+
 class _Facts:
   """Derived numbers shared by the rules."""
 

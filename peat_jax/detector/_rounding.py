@@ -11,6 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from peat_jax import analyzer as _analyzer
 
 from peat_jax.detector._facts import (
     ACCUMULATION_LEVEL, LEVEL_OCTAVES, within_long_sum, working_sum_bound,
@@ -31,9 +32,9 @@ TRUNCATION_MIN_RATIO = 1.5
 #: softmax row of 2^20 terms: 2.5% of its elements one ulp down), not a
 #: truncation.
 TRUNCATION_MIN_SHARE = 0.25
-#: A long working-precision sum's difference is one factor per row: its
-#: largest relative error stays within this many times the working-sum
-#: level (a fault's errors do not).
+#: A long working-precision sum's other order: its largest error at the
+#: output's scale (max(|golden|, its RMS)) stays within this many times the
+#: working-sum level (a fault's errors do not).
 WORKING_SUM_MAX = 4.0
 
 
@@ -251,8 +252,11 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
         f"{f.larger} up / {f.smaller} down; {floor}",
         {"level_u": level / f.u}))
     return out
+  # The largest error at the output's scale (max(|golden|, its RMS)): an
+  # output whose terms cancel carries the sum's error at the terms' scale.
+  scaled_max = float(_analyzer.relative_to_scale(s)["rel_max"])
   if (f.has_ref and not no_reorder and within_long_sum(f)
-      and f.rel_max <= WORKING_SUM_MAX * working_sum_bound(f)):
+      and scaled_max <= WORKING_SUM_MAX * working_sum_bound(f)):
     # Far beyond the golden kernel's error yet within what a K-term sum
     # kept in the working format reaches in a correct order (XLA's blocked
     # sum is far more accurate than one added in order): another order.
@@ -260,7 +264,7 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
     out.append(Candidate(
         "reordering", 0.8,
         f"another order of a long sum: median relative error {level:.3g}, "
-        f"max {f.rel_max:.3g}, within {ACCUMULATION_LEVEL:g} sqrt(K) u"
+        f"max {scaled_max:.3g} (against max(|golden|, its RMS)), within {ACCUMULATION_LEVEL:g} sqrt(K) u"
         f"({f.work}) x 2^{LEVEL_OCTAVES:g} = {working_sum_bound(f):.3g} for "
         f"K = {k} terms kept in {f.work} (a correct sum in another order "
         f"reaches it); KUT/golden RMS error vs float64 = "

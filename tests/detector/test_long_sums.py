@@ -129,3 +129,37 @@ def test_an_in_order_sum_that_loses_terms_warns():
   assert level > 0.3 * np.sqrt(K) * 2.0 ** -24 * 2 ** 1.5
   d = _detect(test, golden, ref)
   assert d.verdict == "warn", (d.model, d.evidence)
+
+
+def test_a_long_dot_product_in_order_passes_and_a_flip_fails():
+  """64 dot products of 65,536 terms accumulated in order in float32 (one
+  thread's accumulator; every 8th row cancels to near zero): ~8x the
+  golden kernel's error, another order. A flipped exponent bit in one
+  output is still a fault."""
+  k = 1 << 16
+  rng = np.random.default_rng(2028)
+  a = (rng.standard_normal((64, k)) + 1.0).astype(np.float32)
+  a[::8, k // 2:] -= 2.0
+  b = (rng.standard_normal((k,)) + 1.0).astype(np.float32)
+  golden = np.asarray(jax.jit(jnp.dot)(jnp.asarray(a), jnp.asarray(b)))
+  ref = a.astype(np.float64) @ b.astype(np.float64)
+  test = np.cumsum(a * b, axis=-1, dtype=np.float32)[:, -1]
+  ctx = {"kernel": "dot_general", "reduction": k}
+  sig = peat.analyze(test, golden, reference=ref)
+  d = peat.detect(sig, context=ctx)
+  assert float(np.asarray(sig.noise_ratio)) > 4  # far beyond golden's
+  assert (d.model, d.verdict) == ("reordering", "pass"), d.evidence
+  bad = test.copy()
+  bad[8] *= np.float32(2.0 ** 8)
+  d = peat.detect(peat.analyze(bad, golden, reference=ref), context=ctx)
+  assert (d.model, d.verdict) == ("bitflip", "fail"), d.evidence
+  # Outliers (outputs beyond the golden envelope, as where a real q.k of
+  # 65,536 terms cancels) within the working-sum level at the output's
+  # scale are that order too; beyond it they are not.
+  bound = 0.3 * np.sqrt(k) * 2.0 ** -24 * 2 ** 1.5
+  rms = float(np.asarray(sig.golden_rms))
+  for scale, verdict in ((0.5, "pass"), (8.0, "fail")):
+    moved = sig._replace(n_out=jnp.int32(2), n_beyond=jnp.int32(2),
+                         out_abs_max=jnp.float32(scale * bound * rms))
+    d = peat.detect(moved, context=ctx)
+    assert d.verdict == verdict, (scale, d.model, d.evidence)

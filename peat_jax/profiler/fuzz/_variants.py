@@ -112,9 +112,16 @@ def resize(xs: Sequence[np.ndarray], axes: Sequence[int], n: int,
 
 
 def scaled(x: np.ndarray, k: int) -> np.ndarray:
-  """``x * 2^k`` rounded once to ``x``'s dtype (exact where representable)."""
-  with np.errstate(over="ignore"):  # a mask fill may overflow to -inf
-    return (x.astype(np.float64) * math.ldexp(1.0, k)).astype(x.dtype)
+  """``x * 2^k`` rounded once to ``x``'s dtype (exact where representable).
+
+  Mask fills (magnitudes from half the format's max up) and non-finite
+  values stay as they are: a scaled fill is no mask any more (the lowest
+  float32 times 2^-129 is -0.5, a weight of its own in a softmax)."""
+  x64 = x.astype(np.float64)
+  keep = ~np.isfinite(x64) | (np.abs(x64) >= float(_finfo(x.dtype).max) / 2)
+  with np.errstate(over="ignore"):
+    out = (x64 * math.ldexp(1.0, k)).astype(x.dtype)
+  return np.where(keep, x, out)
 
 
 def _finfo(dtype):

@@ -218,3 +218,20 @@ def test_zeros_in_fully_masked_rows_are_a_convention_not_an_error():
     out, note = _fuzz._masked_rows_convention(  # pylint: disable=protected-access
         _attention_site(), call, [golden], [wrong])
     assert note is None and out[0] is wrong
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_scaling_keeps_mask_fills_and_non_finite_values(dtype):
+  """A mask fill scaled by 2^-129 would be -0.5 (a weight of its own);
+  fills and infinities stay, every other value is scaled exactly."""
+  fill = ml_dtypes.finfo(dtype).min
+  x = _x((4, 16), 5, dtype)
+  x[:, 8:] = fill
+  x[0, 0] = -np.inf
+  for k in (-129, -20, 40):
+    y = V.scaled(x, k)
+    assert y.dtype == x.dtype
+    np.testing.assert_array_equal(y[:, 8:], x[:, 8:])
+    assert y[0, 0] == -np.inf
+    body = x[1:, :8].astype(np.float64) * 2.0 ** k
+    np.testing.assert_array_equal(y[1:, :8], body.astype(dtype))
