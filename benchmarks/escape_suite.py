@@ -338,8 +338,7 @@ def _fuzz_cells(r) -> tuple[str, str, str, str]:
   variant = f"`{f['variant']}`" if f["variant"] else "-"
   rep = r.get("repro")
   repro = (f"{rep['bug']['outcome']} / {rep['fix']['outcome']}"
-           + ("" if (rep["bug"]["outcome"], rep["fix"]["outcome"])
-              == REPRO_OK else " (!)")) if rep else "-"
+           + ("" if _repro_ok(r) else " (!)")) if rep else "-"
   return (f"**{f['verdict']}**", f"{fam} ({want})" + ("" if ok else " (!)"),
           variant, repro)
 

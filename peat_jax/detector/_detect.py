@@ -36,15 +36,13 @@ from peat_jax.core import PeatError
 from peat_jax.detector._facts import (
     BENIGN_NOISE_RATIO, Candidate, Diagnosis, MIN_PATTERN, PORT_MODELS,
     PRECISION_MODELS, REORDERING_ENVELOPE, _Facts, _host, _pct,
-    _working_format)
+    _working_format, outliers_within_long_sum, within_working_sum)
 from peat_jax.detector._outliers import _rule_dense_faults, _rule_outliers
 from peat_jax.detector._ports import _probe, _rule_port, port_verdict
 from peat_jax.detector._rules import (
     _rule_edge, _rule_ftz, _rule_indexing, _rule_lane, _rule_nonfinite,
     _rule_saturation_clip, _rule_scale, _rule_sparse, _rule_stuck, _rule_tile,
     _rule_zero)
-from peat_jax.detector._facts import (
-    outliers_within_long_sum, within_working_sum)
 from peat_jax.detector._rounding import _rule_rounding
 
 

@@ -181,12 +181,18 @@ def within_working_sum(f: "_Facts") -> bool:
 LONG_SUM_MIN_U = 16.0
 
 
+def long_sum_bound(f: "_Facts") -> float:
+  """:func:`working_sum_bound` of a long reduction (its level above
+  LONG_SUM_MIN_U u), where another correct order of the sum can reach far
+  beyond the golden kernel's envelope; 0 for a shorter one."""
+  bound = working_sum_bound(f)
+  return bound if bound > LONG_SUM_MIN_U * f.u else 0.0
+
+
 def within_long_sum(f: "_Facts") -> bool:
-  """:func:`within_working_sum` for a long reduction (its level above
-  LONG_SUM_MIN_U u): where another correct order of the sum can reach
-  far beyond the golden kernel's envelope."""
-  return bool(working_sum_bound(f) > LONG_SUM_MIN_U * f.u
-              and within_working_sum(f))
+  """:func:`within_working_sum` for a long reduction
+  (:func:`long_sum_bound`)."""
+  return bool(long_sum_bound(f) > 0 and within_working_sum(f))
 
 
 def outliers_within_long_sum(f: "_Facts") -> bool:
@@ -195,8 +201,8 @@ def outliers_within_long_sum(f: "_Facts") -> bool:
   output's scale (its RMS), than the working-sum level: another order's
   error, with no fault confined to them (none non-finite, none zeroed)."""
   s = f.s
-  bound = working_sum_bound(f)
-  return bool(f.n_out and bound > LONG_SUM_MIN_U * f.u
+  bound = long_sum_bound(f)
+  return bool(f.n_out and bound > 0
               and not int(s["n_nonfinite_new"]) and not int(s["n_out_zero"])
               and float(s["out_abs_max"]) <= bound * float(s["golden_rms"]))
 

@@ -12,11 +12,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from peat_jax import analyzer as _analyzer
-
 from peat_jax.detector._facts import (
-    ACCUMULATION_LEVEL, LEVEL_OCTAVES, within_long_sum, working_sum_bound,
-    BENIGN_NOISE_RATIO, Candidate, NARROW_FORMATS, NOISE_FLOOR_MULTIPLIER,
-    REORDERING_ENVELOPE, UNIT_ROUNDOFF, _Facts, _pct)
+    ACCUMULATION_LEVEL, BENIGN_NOISE_RATIO, Candidate, LEVEL_OCTAVES,
+    NARROW_FORMATS, NOISE_FLOOR_MULTIPLIER, REORDERING_ENVELOPE,
+    UNIT_ROUNDOFF, _Facts, _pct, long_sum_bound, within_long_sum)
 
 #: Round toward zero into the output's own format has an RMS error about
 #: twice round-to-nearest's (a uniform position in the last place against
@@ -255,8 +254,9 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
   # The largest error at the output's scale (max(|golden|, its RMS)): an
   # output whose terms cancel carries the sum's error at the terms' scale.
   scaled_max = float(_analyzer.relative_to_scale(s)["rel_max"])
+  long_bound = long_sum_bound(f)
   if (f.has_ref and not no_reorder and within_long_sum(f)
-      and scaled_max <= WORKING_SUM_MAX * working_sum_bound(f)):
+      and scaled_max <= WORKING_SUM_MAX * long_bound):
     # Far beyond the golden kernel's error yet within what a K-term sum
     # kept in the working format reaches in a correct order (XLA's blocked
     # sum is far more accurate than one added in order): another order.
@@ -264,8 +264,9 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
     out.append(Candidate(
         "reordering", 0.8,
         f"another order of a long sum: median relative error {level:.3g}, "
-        f"max {scaled_max:.3g} (against max(|golden|, its RMS)), within {ACCUMULATION_LEVEL:g} sqrt(K) u"
-        f"({f.work}) x 2^{LEVEL_OCTAVES:g} = {working_sum_bound(f):.3g} for "
+        f"max {scaled_max:.3g} (against max(|golden|, its RMS)), within "
+        f"{ACCUMULATION_LEVEL:g} sqrt(K) u({f.work}) x 2^{LEVEL_OCTAVES:g} "
+        f"= {long_bound:.3g} for "
         f"K = {k} terms kept in {f.work} (a correct sum in another order "
         f"reaches it); KUT/golden RMS error vs float64 = "
         f"{f.noise_ratio:.3g}", {"level_u": level / f.u}))

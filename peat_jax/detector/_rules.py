@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from peat_jax.detector._facts import (
-    BENIGN_NOISE_RATIO, Candidate, FORMAT_MAX, LONG_SUM_MIN_U, MIN_NORMAL,
-    MIN_PATTERN, PERMUTED_ERROR, _Facts, _pct, working_sum_bound)
+    BENIGN_NOISE_RATIO, Candidate, FORMAT_MAX, MIN_NORMAL, MIN_PATTERN,
+    PERMUTED_ERROR, _Facts, _pct, long_sum_bound)
 
 #: A lowest-bit difference on fewer than this share of the elements, within
 #: the golden kernel's envelope, is another rounding of the last bit, not a
@@ -346,9 +346,8 @@ def _rule_sparse(f: _Facts, beyond_reordering: bool = False
     return []  # within a few ULPs: rounding-sized, left to the level rules
   if not beyond_reordering and _tiny_at_scale(f):
     return []  # far from golden in its own ULPs only: rounding at scale
-  bound = working_sum_bound(f)
-  if (not nonfinite and bound > LONG_SUM_MIN_U * f.u
-      and outlier <= bound):
+  bound = long_sum_bound(f)
+  if not nonfinite and bound > 0 and outlier <= bound:
     return []  # within a long sum's level at the output's scale
   if (not nonfinite and not beyond_reordering
       and f.share > SPARSE_MAX_SHARE_AT_ROUNDING

@@ -2,9 +2,9 @@
 
 A softmax row of 2^18 terms (logits of unit variance, like attention
 scores) whose normalizer a correct kernel adds in order in float32 is off
-by about a hundred u(fp32) where XLA's blocked sum is off by a few: far beyond the golden kernel's rounding envelope, within
-what a K-term working-precision sum reaches (``within_working_sum``). The
-Detector passes it as ``reordering`` (float32 and bf16 outputs), and a
+by about a hundred u(fp32) where XLA's blocked sum is off by a few: far
+beyond the golden kernel's rounding envelope, within what a K-term
+working-precision sum reaches (``within_working_sum``). The Detector passes it as ``reordering`` (float32 and bf16 outputs), and a
 normalizer a fraction of an ulp off (a few elements one ulp down) is no
 truncation; a normalizer off by far more than the working-sum level
 (``scale``), a result rounded toward zero (``truncation``) and a cheaper
