@@ -9,9 +9,12 @@ columns 16-700) and on each a real float32 or bf16 matmul's golden output
 (XLA's dot) with its float64 reference, and one of two KUT outputs: a
 correct kernel of another summation order (K split in four chunks) or
 that kernel with three bits flipped (``peat.inject("bitflip")``). Every
-case is a shape the process has not compiled for. Each mode runs in its
-own process (no compilation shared between them) and times, per case,
-the first call (compilation included) and a second, warm call:
+case is a shape the process has not seen. On CPU the Analyzer runs each
+record padded to its size bucket (the next power of two of its element
+count, at least 4,096; docs/signature.md), so a shape compiles only when
+its bucket and dtype are new. Each mode runs in its own process (no
+compilation shared between them) and times, per case, the first call
+(compilation included, where the call compiled) and a second, warm call:
 
 * ``full``: ``peat.analyze(t, g, r)`` (statistics pass, finalization and
   the noise-aware decomposition in one executable per shape) and
@@ -74,30 +77,39 @@ def _run(mode: str) -> dict:
   import peat_jax as peat  # pylint: disable=g-import-not-at-top
 
   def full(t, g, r):
-    return peat.detect(peat.analyze(t, g, r))
+    return peat.detect(peat.analyze(t, g, r)), ["analyze"]
 
   def triage(t, g, r):
     sig, screen = jax.device_get(peat.analyzer.screen(t, g, r))
     diag = peat.detector.triage(sig, screen)
-    if diag is None:
-      sig = peat.analyzer.with_decomposition(
-          sig, jax.device_get(peat.analyzer.decomposition(t, g, r)))
-      diag = peat.detect(sig)
-    return diag
+    if diag is not None:
+      return diag, ["screen"]
+    sig = peat.analyzer.with_decomposition(
+        sig, jax.device_get(peat.analyzer.decomposition(t, g, r)))
+    return peat.detect(sig), ["screen", "decompose"]
 
   fn = {"full": full, "triage": triage}[mode]
   cases = list(_cases(_SHAPES.value, _SEED.value))
   rows = []
   t_all = time.perf_counter()
+  seen = set()  # (path, size bucket, dtype) met before
   for kind, shape, dtype, t, g, r in cases:
     t0 = time.perf_counter()
-    d = fn(t, g, r)
+    d, paths = fn(t, g, r)
     first = time.perf_counter() - t0
+    # Whether the call met a new executable: a (size bucket, dtype) not
+    # met before by its path (the screen, and the decomposition where the
+    # screen flagged the record; or the whole signature).
+    b = peat.analyzer.size_bucket(shape)
+    keys = {(p, b, dtype) for p in paths}
+    compiled = not keys <= seen
+    seen |= keys
     t0 = time.perf_counter()
     fn(t, g, r)
     warm = time.perf_counter() - t0
     rows.append({"kind": kind, "shape": shape, "dtype": dtype,
-                 "first": first, "warm": warm, "model": d.model,
+                 "first": first, "warm": warm, "compiled": compiled,
+                 "model": d.model,
                  "verdict": d.verdict})
   return {"mode": mode, "rows": rows, "wall": time.perf_counter() - t_all}
 
@@ -117,16 +129,21 @@ def main(argv):
   print(f"{_SHAPES.value} distinct shapes (float32 and bf16, benign and "
         "bit-flipped), each mode in its own process")
   print("| mode | KUT | first call (s, mean) | warm call (s, mean) | "
-        "compilation per new shape (s) | models |")
-  print("| --- | --- | --- | --- | --- | --- |")
+        "compilation per new shape (s) | calls that compiled | their "
+        "first call (s, mean) | the others' first call (s, mean) | models |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+  mean = lambda xs: float(np.mean(xs)) if xs else float("nan")
   for mode, res in out.items():
     for kind in ("benign", "bitflip"):
       rs = [r for r in res["rows"] if r["kind"] == kind]
-      first = float(np.mean([r["first"] for r in rs]))
-      warm = float(np.mean([r["warm"] for r in rs]))
+      first = mean([r["first"] for r in rs])
+      warm = mean([r["warm"] for r in rs])
+      new = [r["first"] for r in rs if r.get("compiled")]
+      seen = [r["first"] for r in rs if not r.get("compiled")]
       models = sorted({f"{r['model']} {r['verdict']}" for r in rs})
       print(f"| {mode} | {kind} | {first:.3f} | {warm:.4f} | "
-            f"{first - warm:.3f} | {', '.join(models)} |")
+            f"{first - warm:.3f} | {len(new)} of {len(rs)} | "
+            f"{mean(new):.3f} | {mean(seen):.4f} | {', '.join(models)} |")
   for mode, res in out.items():
     print(f"{mode}: the set of {len(res['rows'])} analyze+detect calls on "
           f"distinct shapes in {res['wall']:.1f} s")

@@ -28,6 +28,7 @@ from peat_jax.analyzer.signature import signature_finalize as signature_finalize
 from peat_jax.analyzer.signature import signature_init as signature_init
 from peat_jax.analyzer.signature import signature_pure as signature_pure
 from peat_jax.analyzer.signature import signature_update as signature_update
+from peat_jax.analyzer.signature import size_bucket as size_bucket
 from peat_jax.analyzer.signature import split_on_device as split_on_device
 from peat_jax.analyzer.signature import relative_to_scale as relative_to_scale
 from peat_jax.analyzer.probes import invariance_probe as invariance_probe

@@ -310,22 +310,31 @@ SIGNATURE_SAMPLE_COUNTS = 12
 
 
 def signature_pass(t: jax.Array, g: jax.Array, ref_hi: jax.Array | None,
-                   ref_lo: jax.Array | None) -> tuple[jax.Array, ...]:
-  """The Analyzer's one-pass statistics of a 2-D (R, C) record (CPU only).
+                   ref_lo: jax.Array | None, dims: jax.Array | None = None,
+                   *, rows_cap: int | None = None, cols_cap: int | None = None,
+                   tiles_cap: int | None = None) -> tuple[jax.Array, ...]:
+  """The Analyzer's one-pass statistics of an (R, C) record (CPU only).
 
   Args:
-    t: test record, float32, bfloat16, float16 or float64, shape (R, C).
+    t: test record, float32, bfloat16, float16 or float64: shape (R, C),
+      or any shape whose first R * C elements (row-major) are the record
+      and the rest padding (a size bucket; ``dims`` gives R and C).
     g: golden record, same dtype and shape.
-    ref_hi: None, or the float32 high half of the reference, (R, C).
+    ref_hi: None, or the float32 high half of the reference, t's shape.
     ref_lo: None, or the float32 low half (reference = ref_hi + ref_lo).
+    dims: int32[2] (R, C), traced or not; default t's 2-D shape.
+    rows_cap, cols_cap, tiles_cap: lengths of the row, column and tile
+      outputs (at least R, C and (R // 8) * (C // 8); zero beyond), default
+      those of t's 2-D shape.
 
   Returns:
     (ints int32[32 + 3 * nbits + 7], hashes uint32[4], floats c[22],
-    row_ndiff int32[R], row_abs_max c[R], row_abs_sum c[R],
-    row_abs_sqs c[R], col_ndiff int32[C], col_abs_sum c[C],
-    tile_ndiff int32[R // 8, C // 8], hist_abs int32[1024],
-    hist_rel int32[1024], sample_counts int32[12]) with c float64 for
-    float64 records, else float32; layouts in csrc/signature.h.
+    row_ndiff int32[rows_cap], row_abs_max c[rows_cap], row_abs_sum
+    c[rows_cap], row_abs_sqs c[rows_cap], col_ndiff int32[cols_cap],
+    col_abs_sum c[cols_cap], tile_ndiff int32[tiles_cap] holding the
+    (R // 8, C // 8) tiles row-major then zeros, hist_abs int32[1024], hist_rel int32[1024], sample_counts
+    int32[12]) with c float64 for float64 records, else float32; layouts
+    in csrc/signature.h.
   """
   ensure_registered("cpu")
   if not hasattr(_registered["cpu"], "PeatSignature"):
@@ -334,7 +343,13 @@ def signature_pass(t: jax.Array, g: jax.Array, ref_hi: jax.Array | None,
         "csrc/signature.cc (the Analyzer's CPU statistics pass); expected a "
         "library with PeatSignature. Rebuild with `pip install "
         "--no-build-isolation -e .`.")
-  rows, cols = t.shape
+  if dims is None:
+    rows, cols = t.shape
+    dims = np.array([rows, cols], np.int32)
+  rows = rows_cap if rows_cap is not None else t.shape[0]
+  cols = cols_cap if cols_cap is not None else t.shape[-1]
+  tiles = (tiles_cap if tiles_cap is not None
+           else (t.shape[0] // 8) * (t.shape[-1] // 8))
   nbits = jnp.dtype(t.dtype).itemsize * 8
   cdt = jnp.float64 if t.dtype == jnp.float64 else jnp.float32
   i32 = jnp.int32
@@ -343,13 +358,15 @@ def signature_pass(t: jax.Array, g: jax.Array, ref_hi: jax.Array | None,
       _sds((4,), jnp.uint32), _sds((SIGNATURE_FLOATS,), cdt),
       _sds((rows,), i32), _sds((rows,), cdt), _sds((rows,), cdt),
       _sds((rows,), cdt), _sds((cols,), i32), _sds((cols,), cdt),
-      _sds((rows // 8, cols // 8), i32), _sds((SIGNATURE_HIST,), i32),
+      _sds((tiles,), i32), _sds((SIGNATURE_HIST,), i32),
       _sds((SIGNATURE_HIST,), i32), _sds((SIGNATURE_SAMPLE_COUNTS,), i32))
+  dims = jnp.asarray(dims, i32)
   if ref_hi is None:
     return jax.ffi.ffi_call("peat_signature", outs,
-                            vmap_method="sequential")(t, g)
+                            vmap_method="sequential")(t, g, dims)
   return jax.ffi.ffi_call("peat_signature_ref", outs,
-                          vmap_method="sequential")(t, g, ref_hi, ref_lo)
+                          vmap_method="sequential")(t, g, ref_hi, ref_lo,
+                                                    dims)
 
 
 # ------------------------------------------------- a user's own library

@@ -9,6 +9,7 @@ import pytest
 from peat_jax import analyzer
 from peat_jax.analyzer.signature import _api as api
 from peat_jax.analyzer.signature import _bits as bits
+from peat_jax.analyzer.signature import _layout
 from peat_jax.core import PeatError
 from peat_jax.analyzer import reference_matmul
 
@@ -365,12 +366,46 @@ def test_streaming_accumulates_over_steps():
 def test_second_call_does_not_recompile():
   g = _golden(np.float32)
   analyzer.analyze(g * 2, g)
-  before = api._analyze_jit._cache_size()
+  before = api._compiled()
   assert before >= 1
   with jax.log_compiles(True):
     s = analyzer.analyze(_golden(np.float32, seed=9), g)
   jax.block_until_ready(s)
-  assert api._analyze_jit._cache_size() == before
+  assert api._compiled() == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16])
+def test_a_new_shape_in_a_seen_bucket_compiles_nothing(dtype):
+  """On CPU records run padded to their size bucket: a shape not seen
+  before, in a bucket seen, reuses the executables (analyze with its
+  reference, the screen, the decomposition)."""
+  if not api._bucketed():
+    pytest.skip("records are padded to size buckets on CPU")
+  rng = np.random.default_rng(3)
+
+  def pair(shape):
+    r = rng.standard_normal(shape)
+    g = r.astype(dtype)
+    t = (r * (1 + 2.0 ** -12 * rng.standard_normal(shape))).astype(dtype)
+    return t, g, r
+
+  assert _layout.bucket(40 * 150) == _layout.bucket(96 * 80)
+  first = pair((40, 150))
+  analyzer.analyze(*first)
+  analyzer.screen(*first)
+  analyzer.decomposition(*first)
+  before = api._compiled()
+  second = pair((96, 80))
+  sig = analyzer.analyze(*second)
+  scr_sig, _ = analyzer.screen(*second)
+  dec = analyzer.decomposition(*second)
+  assert api._compiled() == before
+  # The results are the record's own: its rows, columns and tiles.
+  assert np.shape(sig.row_ndiff) == (96,) and np.shape(sig.col_ndiff) == (80,)
+  assert np.shape(sig.tile_ndiff) == (12, 10)
+  assert np.shape(dec.out_rows) == (96,) and np.shape(dec.out_cols) == (80,)
+  assert np.shape(scr_sig.row_abs_mean) == (96,)
+  assert int(sig.n) == 96 * 80
 
 
 def test_bitwise_deterministic():

@@ -314,8 +314,10 @@ def test_analyze_uses_the_native_pass_on_cpu():
   """On CPU the jitted pass is the custom call; there is no pure-JAX scan."""
   if jax.default_backend() != "cpu":
     pytest.skip("the native pass is the CPU path")
-  x = np.ones((16, 32), np.float32)
-  text = api._analyze_jit.lower(x, x).as_text()
+  x = jnp.ones((4096,), jnp.float32)
+  dims = np.array([16, 32], np.int32)
+  text = api._PAD_PACKED_JIT["signature"].lower(
+      [x], [x], [None], [None], [dims], lines=(512,)).as_text()
   assert "peat_signature" in text
   assert "stablehlo.while" not in text
 

@@ -5,7 +5,8 @@ Private modules, in the order a record flows through them: ``_checks``
 ``SignatureState`` and ``Signature`` types and their constants);
 ``_bits``, ``_elements``, ``_count``, ``_prefix``, ``_pass`` (the pure-JAX
 statistics pass: one read of the elements into a mergeable state);
-``_native`` (the same pass as a native XLA FFI kernel, CPU); ``_select``
+``_native`` (the same pass as a native XLA FFI kernel, CPU); ``_layout``
+(a record flat in its size bucket, its rows and columns); ``_select``
 (an exact median in a few passes); ``_decompose`` (the noise-aware
 decomposition: a rounding envelope calibrated on the golden kernel, the
 outliers beyond it and their structure); ``_screen`` (the triage
@@ -28,6 +29,7 @@ from peat_jax.analyzer.signature._api import signature_finalize as signature_fin
 from peat_jax.analyzer.signature._api import signature_init as signature_init
 from peat_jax.analyzer.signature._api import signature_pure as signature_pure
 from peat_jax.analyzer.signature._api import signature_update as signature_update
+from peat_jax.analyzer.signature._api import size_bucket as size_bucket
 from peat_jax.analyzer.signature._api import split_on_device as split_on_device
 from peat_jax.analyzer.signature._checks import split_reference as split_reference
 from peat_jax.analyzer.signature._select import median as median

@@ -22,6 +22,8 @@ from peat_jax.analyzer.signature._bits import _from_bits, _uint
 from peat_jax.analyzer.signature._native import _accumulate_native
 from peat_jax.analyzer.signature._decompose import Decomposition, decompose
 from peat_jax.analyzer.signature._finalize import _finalize
+from peat_jax.analyzer.signature._layout import (
+    Dims, bucket, lines, pad, trim, view2d)
 from peat_jax.analyzer.signature._pass import (
     _accumulate, _accumulate_bits, _merge, _view2d)
 from peat_jax.analyzer.signature._screen import Screen, screen_facts
@@ -87,13 +89,27 @@ def _screened(sig: Signature, screen: Screen) -> tuple[Signature, Screen]:
 # What one record computes: the whole Signature, the triage screen (the
 # Signature without its decomposition, and the envelope facts), or the
 # decomposition alone (of a record the screen flagged); each jitted for one
-# record and for many.
+# record and for many. Traced at the record's own shape (other platforms
+# than CPU) ...
 _PER_RECORD = {
     "analyze": lambda t, g, hi, lo: _finalize(
         _accumulate_auto(t, g, hi, lo), decompose(t, g, hi, lo)),
     "screen": lambda t, g, hi, lo: _screened(
         _finalize(_accumulate_auto(t, g, hi, lo)),
         screen_facts(t, g, hi, lo)),
+    "decompose": decompose,
+}
+# ... and on CPU flat, padded to the record's size bucket, with its (R, C)
+# as an operand (`_layout`): one executable per bucket and dtype, not per
+# shape. "signature" is `analyze` without a reference (no decomposition).
+_PER_PADDED = {
+    "analyze": lambda t, g, hi, lo, d: _finalize(
+        _accumulate_native(t, g, hi, lo, d), decompose(t, g, hi, lo, d), d),
+    "signature": lambda t, g, hi, lo, d: _finalize(
+        _accumulate_native(t, g, None, None, d), dims=d),
+    "screen": lambda t, g, hi, lo, d: _screened(
+        _finalize(_accumulate_native(t, g, hi, lo, d), dims=d),
+        screen_facts(t, g, hi, lo, d)),
     "decompose": decompose,
 }
 _ONE_JIT = {k: jax.jit(f) for k, f in _PER_RECORD.items()}
@@ -103,6 +119,11 @@ _MANY_JIT = {k: jax.jit(lambda ts, gs, his, los, f=f: [
              for k, f in _PER_RECORD.items()}
 _MANY_PACKED_JIT = {k: jax.jit(lambda ts, gs, his, los, m=m: _pack(
     m(ts, gs, his, los))) for k, m in _MANY_JIT.items()}
+_PAD_PACKED_JIT = {k: jax.jit(
+    lambda ts, gs, his, los, ds, lines, f=f: _pack([
+        f(t, g, hi, lo, Dims(d, n))
+        for t, g, hi, lo, d, n in zip(ts, gs, his, los, ds, lines)]),
+    static_argnames="lines") for k, f in _PER_PADDED.items()}
 _PACK_LAYOUTS: dict = {}  # record shapes/dtypes -> _unpack_plan
 # The streaming form: the pass and the finalization separately.
 _accumulate_jit = jax.jit(lambda t, g: _accumulate_auto(t, g, None, None))
@@ -137,7 +158,8 @@ def _compiled() -> int:
   """Executables this module's entry points hold (their jit caches)."""
   return sum(f._cache_size() for f in (  # pylint: disable=protected-access
       _analyze_jit, *_ONE_JIT.values(),
-      *_MANY_JIT.values(), *_MANY_PACKED_JIT.values()))
+      *_MANY_JIT.values(), *_MANY_PACKED_JIT.values(),
+      *_PAD_PACKED_JIT.values()))
 
 
 def _releasing(fn):
@@ -186,8 +208,10 @@ def analyze(test, golden, reference=None) -> Signature:
   One jit-compiled executable: the statistics pass computes every
   statistic (on CPU the native kernel, elsewhere pure JAX; see
   docs/signature.md) and a small finalization (O(rows + columns) work)
-  derives the fields. A second call with the same shape and dtype reuses
-  it.
+  derives the fields. On CPU the record runs padded to its size bucket
+  (:func:`size_bucket`): a call with any shape of a bucket seen before,
+  and the same dtype, reuses the executable; elsewhere a call with the
+  same shape and dtype does.
 
   Args:
     test: output of the kernel under test (float32, bfloat16, float16 or
@@ -211,6 +235,13 @@ def analyze(test, golden, reference=None) -> Signature:
   64
   """
   shape, dtype = _check_pair(test, golden, batched=False)
+  if _bucketed():
+    if reference is None:
+      return _padded("signature", [test], [golden], [None], [None],
+                     [(shape, dtype)], False)[0]
+    hi, lo = split_reference(reference, shape, batched=False)
+    return _padded("analyze", [test], [golden], [hi], [lo],
+                   [(shape, dtype)], False)[0]
   with _x64_scope(dtype):
     t = _as_array(test, dtype)
     g = _as_array(golden, dtype)
@@ -309,10 +340,13 @@ def decompose_split_many(tests: Sequence, goldens: Sequence,
     tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
     to_host: return NumPy fields (one transfer per dtype).
 
-  Each record runs the one-record executable of its shape (dispatched
-  back to back, fetched at once): the records a screen flags differ from
-  one checkpoint to the next, and an executable for each such subset
-  would compile again and again.
+  Each record runs the one-record executable of its own shape, one after
+  the other: the records a screen flags differ from one checkpoint to the
+  next, and an executable for each such subset would compile again and
+  again. (Not its size bucket's: playback's flagged records keep their
+  shapes from one checkpoint to the next, and a padded decomposition's
+  warm call costs up to twice an exact one's; :func:`decomposition` of a
+  lone record uses the bucket.)
 
   Returns:
     The records' decompositions, in order (see :func:`with_decomposition`).
@@ -320,7 +354,8 @@ def decompose_split_many(tests: Sequence, goldens: Sequence,
   Raises:
     PeatError: as `analyze_split_many`.
   """
-  got = [_split_many("decompose", [t], [g], [hi], [lo], False)[0]
+  got = [_split_many("decompose", [t], [g], [hi], [lo], False,
+                     bucketed=False)[0]
          for t, g, hi, lo in zip(tests, goldens, ref_his, ref_los)]
   return jax.device_get(got) if to_host else got
 
@@ -375,26 +410,32 @@ def decomposition(test, golden, reference=None) -> Decomposition:
 def _one(kind: str, test, golden, reference):
   """One record's `kind` (screen, decompose) from host or device arrays."""
   shape, dtype = _check_pair(test, golden, batched=False)
+  if reference is None:
+    hi = lo = None
+  else:
+    hi, lo = split_reference(reference, shape, batched=False)
+  if _bucketed():
+    return _padded(kind, [test], [golden], [hi], [lo], [(shape, dtype)],
+                   False)[0]
   with _x64_scope(dtype):
     t = _as_array(test, dtype)
     g = _as_array(golden, dtype)
-    if reference is None:
-      hi = lo = None
-    else:
-      hi, lo = split_reference(reference, shape, batched=False)
     return _ONE_JIT[kind](t, g, hi, lo)
 
 
 @_releasing
-def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool):
-  """`kind` (analyze, screen, decompose) of many records, one executable."""
+def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool,
+                *, bucketed: bool = True):
+  """`kind` (analyze, screen, decompose) of many records, one executable
+  (one record: its size bucket's, unless ``bucketed`` is False)."""
   if not len(tests) == len(goldens) == len(ref_his) == len(ref_los):
     raise PeatError("tests, goldens, ref_his and ref_los have lengths "
                     f"{len(tests)}, {len(goldens)}, {len(ref_his)}, "
                     f"{len(ref_los)}; expected one of each per record")
-  ts, gs, wide = [], [], False
+  ts, gs, wide, metas = [], [], False, []
   for i, (t, g, hi, lo) in enumerate(zip(tests, goldens, ref_his, ref_los)):
     shape, dtype = _check_pair(t, g, batched=False)
+    metas.append((shape, dtype))
     for name, h in (("ref_hi", hi), ("ref_lo", lo)):
       if (tuple(np.shape(h)) != tuple(shape)
           or np.dtype(h.dtype) != np.float32):
@@ -404,12 +445,19 @@ def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool):
             f"{tuple(shape)}. Fix: split the float64 reference with "
             "split_on_device.")
     wide |= np.dtype(dtype) == np.float64
+  if not metas:
+    return []
+  if len(metas) == 1 and bucketed and _bucketed():
+    # One record: its size bucket's executable, shared with every shape
+    # of that bucket. Many records (a checkpoint's sites) run at their
+    # own shapes in one executable, compiled once for the campaign: no
+    # padding, and the fastest warm call.
+    return _padded(kind, tests, goldens, ref_his, ref_los, metas, to_host)
+  for t, g, (_, dtype) in zip(tests, goldens, metas):
     with _x64_scope(dtype):
       ts.append(_as_array(t, dtype))
       gs.append(_as_array(g, dtype))
   his, los = list(ref_his), list(ref_los)
-  if not ts:
-    return []
   with _x64_scope(np.float64 if wide else np.float32):
     if len(ts) == 1:
       # One record: the one-record executable, shared with every call of
@@ -425,6 +473,76 @@ def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool):
           jax.eval_shape(_MANY_JIT[kind], ts, gs, his, los))
     packed = jax.device_get(_MANY_PACKED_JIT[kind](ts, gs, his, los))
   return _unpack(packed, _PACK_LAYOUTS[key])
+
+
+def _bucketed() -> bool:
+  """Whether records run padded to their size bucket: on CPU, where the
+  statistics pass is the native kernel (it reads the record's (R, C) at
+  run time); other platforms trace each record shape (the pure-JAX
+  pass)."""
+  return jax.default_backend() == "cpu"
+
+
+def _padded(kind: str, tests, goldens, ref_his, ref_los, metas,
+            to_host: bool) -> list:
+  """`kind` of validated records, each flat and padded to its size bucket
+  (`_layout.bucket`) with its (R, C) as an operand and its rows' and
+  columns' slots (`_layout.lines`): one executable per set of buckets,
+  slots and dtypes, whatever the shapes inside them. Results are
+  fetched, cut to each record's rows, columns and tiles (`_layout.trim`),
+  and put back on the device unless ``to_host``."""
+  wide = any(np.dtype(d) == np.float64 for _, d in metas)
+  with _x64_scope(np.float64 if wide else np.float32):
+    ts, gs, his, los, ds, views, slots = [], [], [], [], [], [], []
+    for t, g, hi, lo, (shape, dtype) in zip(tests, goldens, ref_his,
+                                            ref_los, metas):
+      rows, cols = view2d(shape)
+      cap = bucket(rows * cols)
+      slots.append(lines(cap, rows, cols))
+      ts.append(pad(t, cap, dtype))
+      gs.append(pad(g, cap, dtype))
+      his.append(None if hi is None else pad(hi, cap, np.float32))
+      los.append(None if lo is None else pad(lo, cap, np.float32))
+      ds.append(np.array([rows, cols], np.int32))
+      views.append((rows, cols))
+    slots = tuple(slots)
+    key = ("padded", kind, slots) + tuple(
+        (tuple(t.shape), str(t.dtype), h is None) for t, h in zip(ts, his))
+    fn = _PAD_PACKED_JIT[kind]
+    if key not in _PACK_LAYOUTS:
+      _PACK_LAYOUTS[key] = _unpack_plan(jax.eval_shape(
+          lambda *a: [_PER_PADDED[kind](t, g, hi, lo, Dims(d, n))
+                      for t, g, hi, lo, d, n in zip(*a, slots)],
+          ts, gs, his, los, ds))
+    packed = jax.device_get(fn(ts, gs, his, los, ds, lines=slots))
+  got = [_trim_result(r, rows, cols) for r, (rows, cols) in
+         zip(_unpack(packed, _PACK_LAYOUTS[key]), views)]
+  return got if to_host else jax.device_put(got)
+
+
+def size_bucket(shape) -> int:
+  """The flat length a record of ``shape`` runs at on this platform.
+
+  On CPU its size bucket (the next power of two of its element count, at
+  least 4,096: records of one bucket and dtype share compiled
+  executables); elsewhere its own element count (one executable per
+  shape).
+
+  Args:
+    shape: the record's shape.
+
+  Returns:
+    The length.
+  """
+  n = int(math.prod(shape))
+  return bucket(n) if _bucketed() else n
+
+
+def _trim_result(result, rows: int, cols: int):
+  """`_layout.trim` of a result or of a (Signature, Screen) pair."""
+  if isinstance(result, tuple) and not hasattr(result, "_fields"):
+    return tuple(trim(r, rows, cols) for r in result)
+  return trim(result, rows, cols)
 
 
 def _pack(sigs: list) -> dict[str, Array]:

@@ -179,15 +179,23 @@ def _hist_index(v: Array) -> Array:
   return (b >> 21).astype(jnp.int32)
 
 
-def _sample_index(n: int) -> np.ndarray | None:
-  """Jittered stratified sample of PCT_SAMPLE indices (None: use all)."""
-  if n <= PCT_SAMPLE:
-    return None
-  w = n // PCT_SAMPLE
+def sample_jitter() -> np.ndarray:
+  """The sample's jitter: a 32-bit hash of each stratum k < PCT_SAMPLE
+  (uint64 values below 2**32); stratum k of width w takes element
+  ``k * w + jitter[k] % w``."""
   k = np.arange(PCT_SAMPLE, dtype=np.uint64)
   h = (k * np.uint64(0x9E3779B1) + np.uint64(0x7F4A7C15)) & np.uint64(
       0xFFFFFFFF)
   h ^= h >> np.uint64(15)
   h = (h * np.uint64(0x2C1B3C6D)) & np.uint64(0xFFFFFFFF)
   h ^= h >> np.uint64(12)
-  return (k * np.uint64(w) + h % np.uint64(w)).astype(np.int32)
+  return h
+
+
+def _sample_index(n: int) -> np.ndarray | None:
+  """Jittered stratified sample of PCT_SAMPLE indices (None: use all)."""
+  if n <= PCT_SAMPLE:
+    return None
+  w = n // PCT_SAMPLE
+  k = np.arange(PCT_SAMPLE, dtype=np.uint64)
+  return (k * np.uint64(w) + sample_jitter() % np.uint64(w)).astype(np.int32)

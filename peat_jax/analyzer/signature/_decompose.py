@@ -45,11 +45,13 @@ import numpy as np
 from jax import lax
 
 from peat_jax import core as _core
-from peat_jax.analyzer.signature._bits import _from_bits, _sample_index, _uint
-from peat_jax.analyzer.signature._pass import _view2d
+from peat_jax.analyzer.signature._bits import _from_bits, _uint, sample_jitter
+from peat_jax.analyzer.signature._layout import (
+    Layout, cols_sum, flat, layout, per_element, rows_sum, seg_sum)
 from peat_jax.analyzer.signature._prefix import cumsum_small, first_true
 from peat_jax.analyzer.signature._signature import (
-    Array, LANES, SHIFT_RANGE, SHIFT_SAMPLE_ROWS, SHIFT_WINDOW, TILE_SIZES)
+    Array, LANES, PCT_SAMPLE, SHIFT_RANGE, SHIFT_SAMPLE_ROWS, SHIFT_WINDOW,
+    TILE_SIZES)
 
 #: The envelope is this many times the golden kernel's largest normalized
 #: error (another correct order of a float32 sum: up to ~4x, measured).
@@ -200,17 +202,38 @@ def _safe_div(a, b):
   return jnp.where(b > 0, a / jnp.where(b > 0, b, 1.0), 0.0)
 
 
-def _tiles(mask2d: Array) -> tuple[Array, Array]:
-  rows, cols = mask2d.shape
+def _tiles(mask: Array, lay: Layout) -> tuple[Array, Array]:
+  """Aligned tiles (edges TILE_SIZES) of the (R, C) view with any / every
+  element in ``mask`` (flat, :mod:`._layout`), over the largest aligned
+  top-left sub-array. Traced: one segment sum into 8x8 tiles, the larger
+  tiles summed from those."""
+  m = mask.astype(jnp.int32)
+  if not lay.static:
+    base = TILE_SIZES[0]
+    tr, tc = lay.rows // base, lay.cols // base
+    inside = lay.valid & (lay.row < tr * base) & (lay.col < tc * base)
+    nt = max(min(lay.cap // (base * base),
+                 (lay.row_slots // base) * (lay.col_slots // base)), 1)
+    tid = jnp.where(inside, (lay.row // base) * tc + lay.col // base, nt)
+    grid = seg_sum(m, tid, nt)  # (tr, tc) 8x8 tiles row-major, then zeros
   anys, alls = [], []
   for ts in TILE_SIZES:
-    r, c = rows // ts, cols // ts
-    if r == 0 or c == 0:
-      anys.append(jnp.int32(0))
-      alls.append(jnp.int32(0))
-      continue
-    m = mask2d[:r * ts, :c * ts].reshape(r, ts, c, ts)
-    cnt = jnp.sum(m, axis=(1, 3), dtype=jnp.int32)
+    tr, tc = lay.rows // ts, lay.cols // ts
+    if lay.static:
+      if tr == 0 or tc == 0:
+        anys.append(jnp.int32(0))
+        alls.append(jnp.int32(0))
+        continue
+      cnt = jnp.sum(m.reshape(lay.rows, lay.cols)[:tr * ts, :tc * ts].reshape(
+          tr, ts, tc, ts), axis=(1, 3), dtype=jnp.int32)
+    else:
+      k = ts // base
+      tc8 = lay.cols // base
+      i = jnp.arange(nt, dtype=jnp.int32)
+      a, b = i // jnp.maximum(tc8, 1), i % jnp.maximum(tc8, 1)
+      ok = (i < (lay.rows // base) * tc8) & (a < tr * k) & (b < tc * k)
+      cnt = grid if k == 1 else seg_sum(
+          grid, jnp.where(ok, (a // k) * tc + b // k, nt), nt)
     anys.append(jnp.sum(cnt > 0, dtype=jnp.int32))
     alls.append(jnp.sum(cnt == ts * ts, dtype=jnp.int32))
   return jnp.stack(anys), jnp.stack(alls)
@@ -271,7 +294,7 @@ def _sort_finite(x: Array) -> Array:
   return lax.bitcast_convert_type(back, x.dtype)
 
 
-def _shift_stats(t, r, unit, theta_g, out, rows: int, cols: int):
+def _shift_stats(t, r, unit, theta_g, out, per_row, per_col, lay: Layout):
   """Values in the wrong place: elements beyond the golden envelope that
   equal a golden value shifted by s columns / rows (or transposed), up to
   the KUT's own noise, on sampled elements.
@@ -280,34 +303,43 @@ def _shift_stats(t, r, unit, theta_g, out, rows: int, cols: int):
   distance (the KUT's own noise where its values really come from), times
   DENSE_FACTOR, and at least the golden envelope. The window is centered on
   the columns holding the most such elements, the rows are those holding
-  the most (at most SHIFT_SAMPLE_ROWS).
+  the most (at most SHIFT_SAMPLE_ROWS). Arrays flat (:mod:`._layout`);
+  ``per_row``, ``per_col``: ``out``'s counts by row and column.
   """
-  cw = min(cols, SHIFT_WINDOW)
-  nsamp = min(rows, SHIFT_SAMPLE_ROWS)
-  per_col = jnp.sum(out, axis=0, dtype=jnp.int32)
+  rows, cols, cap = lay.rows, lay.cols, lay.cap
+  # The window's static width: its own (a static shape) or the bucket's.
+  cws = min(cols if lay.static else cap, SHIFT_WINDOW)
+  cw = jnp.minimum(cols, SHIFT_WINDOW)
+  nss = min(lay.row_slots, SHIFT_SAMPLE_ROWS)  # static sampled rows
   c0 = jnp.clip(jnp.argmax(per_col) - cw // 2, 0, cols - cw)
-  per_row = jnp.sum(out, axis=1, dtype=jnp.int32)
-  ridx = jnp.sort(lax.top_k(per_row, nsamp)[1])
+  top = lax.top_k(per_row, nss)[1]
+  # Rows beyond the record (padding, when R < nss) are never compared.
+  ridx = jnp.sort(jnp.where(top < rows, top, cap))
+  rin = ridx < rows
+  ridx = jnp.minimum(ridx, rows - 1)
   shifts = np.arange(-SHIFT_RANGE, SHIFT_RANGE + 1)
-  sl = lambda a: lax.dynamic_slice_in_dim(a[ridx], c0, cw, axis=1)
-  ts, outs = sl(t), sl(out)
-  cidx = c0 + jnp.arange(cw)
+  j = jnp.arange(cws, dtype=jnp.int32)
+  cidx = c0 + j
+  here = rin[:, None] & (j < cw)[None, :]
+  at = lambda a, i, c: a[jnp.clip(i * cols + c, 0, cap - 1)]
+  ts = at(t, ridx[:, None], cidx[None, :])
+  outs = at(out, ridx[:, None], cidx[None, :]) & here
   src = cidx[None, :] - shifts[:, None]  # (17, cw)
   ok = (src >= 0) & (src < cols)
   srcc = jnp.clip(src, 0, cols - 1)
-  zc = jnp.abs(ts[:, None, :] - r[ridx][:, srcc]) / unit[ridx][:, srcc]
+  zc = (jnp.abs(ts[:, None, :] - at(r, ridx[:, None, None], srcc[None]))
+        / at(unit, ridx[:, None, None], srcc[None]))
   cmp_c = outs[:, None, :] & ok[None]  # (S, 17, cw)
   rsrc = ridx[None, :] - shifts[:, None]  # (17, S)
   rok = (rsrc >= 0) & (rsrc < rows)
-  rsrcc = jnp.clip(rsrc, 0, rows - 1)
-  zr = jnp.abs(ts[None] - lax.dynamic_slice_in_dim(r[rsrcc], c0, cw, axis=2)
-               ) / lax.dynamic_slice_in_dim(unit[rsrcc], c0, cw, axis=2)
+  rsrcc = jnp.clip(rsrc, 0, rows - 1)[:, :, None]
+  zr = (jnp.abs(ts[None] - at(r, rsrcc, cidx[None, None, :]))
+        / at(unit, rsrcc, cidx[None, None, :]))
   cmp_r = outs[None] & rok[:, :, None]  # (17, S, cw)
-  if rows == cols and rows > 1:
-    zt = jnp.abs(ts - lax.dynamic_slice_in_dim(r.T[ridx], c0, cw, axis=1)
-                 ) / lax.dynamic_slice_in_dim(unit.T[ridx], c0, cw, axis=1)
-  else:
-    zt = jnp.full(ts.shape, jnp.inf, ts.dtype)
+  square = (jnp.asarray(rows) == cols) & (jnp.asarray(rows) > 1)
+  zt = jnp.where(
+      square, jnp.abs(ts - at(r, cidx[None, :], ridx[:, None]))
+      / at(unit, cidx[None, :], ridx[:, None]), jnp.inf)
   # The column shifts', the row shifts' and the transpose's medians as rows
   # of one bisection: the same order statistics, a third of its operations
   # (GPT's 13 records: 169 -> 145 ms).
@@ -342,13 +374,14 @@ class Envelope(NamedTuple):
   """The golden rounding envelope of one record, in units of ``u * scale``
   (the module doc): what the decomposition and the triage screen share.
 
-  Attributes (``R`` x ``C`` the 2-D view; ``cdt`` the compute dtype):
-    t2, g2: the records viewed (R, C), in their dtype.
+  Attributes (arrays flat, :mod:`._layout`; ``cdt`` the compute dtype):
+    lay: the record's :class:`~._layout.Layout`.
+    t2, g2: the records flat, in their dtype.
     tc, gc: the same in ``cdt``.
-    fin_t, fin_g: where they are finite.
+    fin_t, fin_g: where they are finite (False on the padding).
     r, lo: the reference's two halves (golden and zero without one).
     fp: finite pairs with a finite reference.
-    row_rms: each row's size (the module doc's floors applied).
+    row_rms: each row's size (the module doc's floors applied), per row.
     scale: ``|r| + row_rms``.
     unit: ``u * scale`` (at least the format's tiny).
     et, eg: ``|t - r|``, ``|g - r|`` over ``fp`` (0 elsewhere).
@@ -361,6 +394,7 @@ class Envelope(NamedTuple):
     has_ref: whether a reference was given (static).
   """
 
+  lay: Layout
   t2: Array
   g2: Array
   tc: Array
@@ -386,43 +420,48 @@ class Envelope(NamedTuple):
 
 
 def envelope(t: Array, g: Array, ref_hi: Array | None,
-             ref_lo: Array | None) -> Envelope:
+             ref_lo: Array | None, dims=None) -> Envelope:
   """The golden envelope of one record (traced; see the module doc).
 
   Args:
-    t, g, ref_hi, ref_lo: as :func:`decompose`.
+    t, g, ref_hi, ref_lo, dims: as :func:`decompose`.
 
   Returns:
     An :class:`Envelope`.
   """
   dtype = np.dtype(t.dtype)
-  rows, cols = _view2d(t.shape)
+  t2, rows, cols, slots = flat(t, dims)
+  g2 = g.reshape(-1)
+  lay = layout(t2.shape[0], rows, cols, slots)
+  cap = lay.cap
   cdt = jnp.float64 if dtype == np.float64 else jnp.float32
   u = float(_core.format_of(dtype).unit_roundoff)
-  t2 = t.reshape(rows, cols)
-  g2 = g.reshape(rows, cols)
   tc, gc = t2.astype(cdt), g2.astype(cdt)
-  fin_t, fin_g = jnp.isfinite(tc), jnp.isfinite(gc)
+  fin_t, fin_g = jnp.isfinite(tc) & lay.valid, jnp.isfinite(gc) & lay.valid
   if ref_hi is None:
     r = jnp.where(fin_g, gc, 0.0)
     lo = jnp.zeros_like(r)
     has_ref = False
   else:
-    r = ref_hi.reshape(rows, cols).astype(cdt)
-    lo = ref_lo.reshape(rows, cols).astype(cdt)
+    r = ref_hi.reshape(-1).astype(cdt)
+    lo = ref_lo.reshape(-1).astype(cdt)
     has_ref = True
   fin_r = jnp.isfinite(r)
   fp = fin_t & fin_g & fin_r
-  r = jnp.where(fin_r, r, 0.0)
+  r = jnp.where(fin_r & lay.valid, r, 0.0)
+  lo = jnp.where(lay.valid, lo, 0.0)
   # Row scale: the RMS of the reference over the row.
-  row_n = jnp.sum(fp, axis=1)
-  row_ms = jnp.sum(jnp.where(fp, r * r, 0.0), axis=1) / jnp.maximum(row_n, 1)
+  # (Counts as floats: one scatter for both; exact below 2**24 a row, and
+  # a mean's denominator beyond.)
+  row_n, row_ss = rows_sum(lay, fp.astype(r.dtype),
+                           jnp.where(fp, r * r, 0.0))
+  row_ms = row_ss / jnp.maximum(row_n, 1)
   row_rms = jnp.sqrt(row_ms)
   all_rms = jnp.sqrt(jnp.sum(row_ms * row_n) / jnp.maximum(jnp.sum(row_n), 1))
   row_rms = jnp.where(row_rms <= CANCELLED_ROW * all_rms, all_rms, row_rms)
   if dtype.itemsize == 2:
     row_rms = jnp.maximum(row_rms, ROW_FLOOR16 * all_rms)
-  scale = jnp.abs(r) + row_rms[:, None]
+  scale = jnp.abs(r) + per_element(lay, row_rms)
   tiny = jnp.finfo(cdt).tiny
   unit = u * jnp.maximum(scale, tiny)
   et = jnp.where(fp, jnp.abs((jnp.where(fin_t, tc, 0.0) - r) - lo), 0.0)
@@ -440,32 +479,52 @@ def envelope(t: Array, g: Array, ref_hi: Array | None,
     theta_g = jnp.asarray(NO_REFERENCE_Z, cdt)
   new_nf = fin_g & ~fin_t
   beyond = (fp & (zt > theta_g)) | new_nf
-  mismatch = jnp.sum((jnp.isnan(tc) != jnp.isnan(gc)) |
-                     (jnp.isinf(tc) != jnp.isinf(gc)), dtype=jnp.int32)
-  return Envelope(t2, g2, tc, gc, fin_t, fin_g, r, lo, fp, row_rms, scale,
-                  unit, et, eg, zt, zg, golden_z, theta_g, new_nf, beyond,
-                  mismatch, has_ref)
+  mismatch = jnp.sum(((jnp.isnan(tc) != jnp.isnan(gc)) |
+                      (jnp.isinf(tc) != jnp.isinf(gc))) & lay.valid,
+                     dtype=jnp.int32)
+  return Envelope(lay, t2, g2, tc, gc, fin_t, fin_g, r, lo, fp, row_rms,
+                  scale, unit, et, eg, zt, zg, golden_z, theta_g, new_nf,
+                  beyond, mismatch, has_ref)
+
+
+def _sample_flat(lay: Layout) -> Array | None:
+  """The percentile sample's positions (``_sample_index`` of the record's
+  n, traced): None when the flat arrays hold at most PCT_SAMPLE elements
+  (every element; the padding is masked by the caller)."""
+  if lay.cap <= PCT_SAMPLE:
+    return None
+  w = jnp.asarray(lay.n, jnp.int32) // PCT_SAMPLE
+  kk = jnp.arange(PCT_SAMPLE, dtype=jnp.int32)
+  hh = jnp.asarray(sample_jitter().astype(np.uint32))
+  strided = kk * w + (hh % jnp.maximum(w, 1).astype(jnp.uint32)).astype(
+      jnp.int32)
+  return jnp.where(w > 0, strided, kk)
 
 
 def decompose(t: Array, g: Array, ref_hi: Array | None,
-              ref_lo: Array | None) -> Decomposition:
+              ref_lo: Array | None, dims=None) -> Decomposition:
   """The decomposition fields of one record (traced; see the module doc).
 
   Args:
-    t: test record (validated float dtype, any shape).
+    t: test record (validated float dtype, any shape), or with ``dims``
+      flat and padded to its size bucket (:mod:`._layout`).
     g: golden record, same shape and dtype.
     ref_hi: float32 high part of the float64 reference, or None.
     ref_lo: its low part, or None.
+    dims: None, or the record's :class:`~._layout.Dims` (R and C traced):
+      then its per-row and per-column fields have ``dims.lines`` slots
+      (zero beyond R and C).
 
   Returns:
     A :class:`Decomposition`.
   """
   dtype = np.dtype(t.dtype)
-  rows, cols = _view2d(t.shape)
   nbits = dtype.itemsize * 8
   cdt = jnp.float64 if dtype == np.float64 else jnp.float32
   fmt = _core.format_of(dtype)
-  e = envelope(t, g, ref_hi, ref_lo)
+  e = envelope(t, g, ref_hi, ref_lo, dims)
+  lay = e.lay
+  cap = lay.cap
   t2, g2, tc, gc, fin_t, fin_g = e.t2, e.g2, e.tc, e.gc, e.fin_t, e.fin_g
   r, lo, fp, row_rms, scale, unit = e.r, e.lo, e.fp, e.row_rms, e.scale, e.unit
   et, zt, zg, golden_z, theta_g = e.et, e.zt, e.zg, e.golden_z, e.theta_g
@@ -474,10 +533,8 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   # The KUT's own dense error (a port that rounds its inputs to bf16 is
   # beyond the golden envelope everywhere): outliers are also beyond
   # DENSE_FACTOR times its median, read from the percentile sample.
-  n = rows * cols
-  sidx = _sample_index(n)
-  pick = (lambda a: a.reshape(-1)) if sidx is None else (
-      lambda a: a.reshape(-1)[sidx])
+  sidx = _sample_flat(lay)
+  pick = (lambda a: a) if sidx is None else (lambda a: a[sidx])
   # (Over elements whose reference is not exactly zero: a masked softmax
   # entry or a ReLU's zero is trivially exact and says nothing of the
   # kernel's rounding.)
@@ -507,34 +564,36 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   flip1 = out & ok1 & (top1 >= 0)
   flip2 = out & ~flip1 & ok2
   t0 = (ut << jnp.array(1, uty)) == 0
-  k = min(MATCH_OUTLIERS, n)
-  idx = first_true(out.reshape(-1), k)
+  k = min(MATCH_OUTLIERS, cap)
+  idx = first_true(out, k)
   valid = jnp.arange(k) < n_out
   bitpos = jnp.arange(nbits)
-  xk = x.reshape(-1)[idx]
+  xk = x[idx]
   xbits = ((xk[:, None] >> bitpos.astype(uty)) & jnp.array(1, uty)).astype(
       jnp.int32)
   out_bits_xor = jnp.sum(jnp.where(valid[:, None], xbits, 0), axis=0,
                          dtype=jnp.int32)
-  f1 = (flip1.reshape(-1)[idx] & valid)[:, None]
-  at_bit = jnp.where(f1, top1.reshape(-1)[idx][:, None] == bitpos, False)
+  f1 = (flip1[idx] & valid)[:, None]
+  at_bit = jnp.where(f1, top1[idx][:, None] == bitpos, False)
   flip_bits = jnp.sum(at_bit, axis=0, dtype=jnp.int32)
-  t_set = ((ut.reshape(-1)[idx][:, None] >> bitpos.astype(uty))
+  t_set = ((ut[idx][:, None] >> bitpos.astype(uty))
            & jnp.array(1, uty)) == 1
   flip_up = jnp.sum(at_bit & t_set, axis=0, dtype=jnp.int32)
-  out_cols = jnp.sum(out, axis=0, dtype=jnp.int32)
-  lane = np.arange(cols) % LANES
-  out_lane = jnp.zeros((LANES,), jnp.int32).at[lane].add(out_cols)
-  tiles_any, tiles_all = _tiles(out)
+  out_i = out.astype(jnp.int32)
+  beyond_i = beyond.astype(jnp.int32)
+  out_rows, beyond_rows = rows_sum(lay, out_i, beyond_i)
+  out_cols, beyond_cols = cols_sum(lay, out_i, beyond_i)
+  out_lane = seg_sum(out_cols, jnp.arange(lay.col_slots) % LANES, LANES)
+  tiles_any, tiles_all = _tiles(out, lay)
   tv_all = jnp.where(fin_t, tc, 0.0)
   scol, srow, str_, sn = _shift_stats(tv_all, r, unit, theta_g, beyond,
-                                      rows, cols)
+                                      beyond_rows, beyond_cols, lay)
   # Values moved among themselves (a permutation): the outliers' values,
   # sorted, equal their references, sorted, within the envelope. Only when
   # every outlier is among the MATCH_OUTLIERS gathered.
-  tv_k = jnp.where(valid, tv_all.reshape(-1)[idx], 0.0)
-  rv_k = jnp.where(valid, r.reshape(-1)[idx], 0.0)
-  ev_k = jnp.where(valid, env.reshape(-1)[idx], 0.0)
+  tv_k = jnp.where(valid, tv_all[idx], 0.0)
+  rv_k = jnp.where(valid, r[idx], 0.0)
+  ev_k = jnp.where(valid, env[idx], 0.0)
   big = jnp.asarray(jnp.finfo(cdt).max, cdt)
   st = _sort_finite(jnp.where(valid, tv_k, big))
   sr = _sort_finite(jnp.where(valid, rv_k, big))
@@ -553,9 +612,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   # Per-row least squares of d = t - r on r (finite pairs, all elements).
   d = jnp.where(inside, (jnp.where(fin_t, tc, 0.0) - r) - lo, 0.0)
   rr = jnp.where(inside, r, 0.0)
-  srr = jnp.sum(rr * rr, axis=1)
-  srd = jnp.sum(rr * d, axis=1)
-  sdd = jnp.sum(d * d, axis=1)
+  srr, srd, sdd = rows_sum(lay, rr * rr, rr * d, d * d)
   row_delta = _safe_div(srd, srr)
   row_res = jnp.maximum(sdd - row_delta * srd, 0.0)
   row_resid = jnp.sqrt(_safe_div(row_res, srr))
@@ -569,7 +626,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   # variance that lies between bins (1: the error is a function of r).
   grms = jnp.sqrt(tot_rr / jnp.maximum(jnp.sum(inside), 1))
   rs, ds, ws = pick(r), pick(d), pick(inside)
-  scs = pick(jnp.broadcast_to(row_rms[:, None], r.shape))
+  scs = pick(per_element(lay, row_rms))
   q = jnp.floor(4.0 * jnp.log2(jnp.maximum(jnp.abs(rs), tiny) /
                                jnp.maximum(grms, tiny)))
   half = VALUE_BINS // 2
@@ -613,7 +670,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
       f32(zmed_g), f32(jnp.max(zt)), jnp.sum(beyond, dtype=jnp.int32), n_out,
       jnp.sum(out & t0, dtype=jnp.int32), jnp.sum(flip1, dtype=jnp.int32),
       jnp.sum(flip2, dtype=jnp.int32), moved, nmatch, flip_bits, flip_up,
-      out_bits_xor, out_lane, jnp.sum(out, axis=1, dtype=jnp.int32),
+      out_bits_xor, out_lane, out_rows,
       out_cols, tiles_any, tiles_all, scol,
       srow, f32(str_), sn, f32(jnp.max(jnp.where(out & fp, et, 0.0))),
       f32(in_rms), f32(in_bias), f32(row_delta), f32(row_resid),

@@ -10,6 +10,7 @@ from peat_jax.analyzer.signature._bits import _combine_scaled
 from peat_jax.analyzer.signature._decompose import Decomposition
 from peat_jax.analyzer.signature._decompose import empty as empty_decomposition
 from peat_jax.analyzer.signature._bits import _div_by_max
+from peat_jax.analyzer.signature._layout import seg_sum
 from peat_jax.analyzer.signature._signature import (
     Array, HIST_BUCKETS, LANES, PERCENTILES, SHIFT_MIN_COMPARED, SHIFT_RANGE,
     Signature, SignatureState, TILE_SIZES, _F_BIT_EQUAL, _F_FINITE_PAIR,
@@ -40,9 +41,42 @@ def _hist_pct(hist: Array, total: Array, vmax: Array) -> Array:
   return jnp.stack(out).astype(jnp.float32)
 
 
-def _finalize(s: SignatureState, dec: Decomposition | None = None
-              ) -> Signature:
-  """SignatureState -> Signature (pure)."""
+def _tiles_of(tile: Array, rows, cols, steps: Array):
+  """Totals, tiles with a difference and tiles all different, for edges
+  8, 16, 32, from the 8x8 tile counts (flat, row-major, (R // 8, C // 8)
+  then zeros; R and C may be traced)."""
+  tile = tile.reshape(-1)
+  cap = tile.shape[0]
+  tr8, tc8 = rows // 8, cols // 8
+  i = jnp.arange(cap, dtype=jnp.int32)
+  a, b = i // jnp.maximum(tc8, 1), i % jnp.maximum(tc8, 1)
+  tot, anyd, alld = [], [], []
+  for ts in TILE_SIZES:
+    k = ts // 8
+    r, cc = tr8 // k, tc8 // k
+    full = ts * ts * steps
+    if k == 1:
+      m = tile
+    else:
+      inside = (i < tr8 * tc8) & (a < r * k) & (b < cc * k)
+      m = seg_sum(tile, jnp.where(inside, (a // k) * cc + b // k, cap), cap)
+    tot.append(jnp.asarray(r * cc, jnp.int32))
+    anyd.append(jnp.sum(m > 0, dtype=jnp.int32))
+    alld.append(jnp.sum(m == full, dtype=jnp.int32))
+  return jnp.stack(tot), jnp.stack(anyd), jnp.stack(alld)
+
+
+def _finalize(s: SignatureState, dec: Decomposition | None = None,
+              dims=None) -> Signature:
+  """SignatureState -> Signature (pure).
+
+  Args:
+    s: the state.
+    dec: the record's decomposition, or None (neutral fields).
+    dims: None (R and C from the state's row and column fields), or the
+      record's :class:`~._layout.Dims` when those fields are a size
+      bucket's slots (:mod:`._layout`): they stay that long.
+  """
   f32 = jnp.float32
   cdt = s.row_abs_max.dtype
   n = s.n
@@ -87,29 +121,16 @@ def _finalize(s: SignatureState, dec: Decomposition | None = None
     need = jnp.maximum(jnp.ceil(nfp.astype(f32) * (p / 100.0)), 1.0)
     k = jnp.sum(cum < need.astype(jnp.int32), dtype=jnp.int32)
     ulp_pct.append(jnp.where(nfp > 0, jnp.exp2(k.astype(f32)) - 1.0, 0.0))
-  rows = s.row_ndiff.shape[0]
-  cols = s.col_ndiff.shape[0]
+  if dims is None:
+    rows, cols = s.row_ndiff.shape[0], s.col_ndiff.shape[0]
+  else:
+    rows, cols = dims.rc[0], dims.rc[1]
   steps_c = jnp.maximum(s.steps, 1).astype(cdt)
-  # Lanes.
-  pad = (-cols) % LANES
-  lane_ndiff = jnp.sum(
-      jnp.pad(s.col_ndiff, (0, pad)).reshape(-1, LANES), axis=0)
+  # Lanes (the column fields are zero beyond the record's columns).
+  ccap = s.col_ndiff.shape[0]
+  lane_ndiff = seg_sum(s.col_ndiff, jnp.arange(ccap) % LANES, LANES)
   # Tiles.
-  tot, anyd, alld = [], [], []
-  tile = s.tile_ndiff
-  for ts in TILE_SIZES:
-    k = ts // 8
-    r, cc = tile.shape[0] // k, tile.shape[1] // k
-    if r and cc:
-      m = jnp.sum(tile[:r * k, :cc * k].reshape(r, k, cc, k), axis=(1, 3))
-      full = ts * ts * s.steps
-      tot.append(jnp.int32(r * cc))
-      anyd.append(jnp.sum(m > 0, dtype=jnp.int32))
-      alld.append(jnp.sum(m == full, dtype=jnp.int32))
-    else:
-      tot.append(jnp.int32(0))
-      anyd.append(jnp.int32(0))
-      alld.append(jnp.int32(0))
+  tot, anyd, alld = _tiles_of(s.tile_ndiff, rows, cols, s.steps)
   # Scale.
   nr = fl[_F_RATIO_OK]
   has_r = nr > 0
@@ -208,9 +229,9 @@ def _finalize(s: SignatureState, dec: Decomposition | None = None
       col_abs_mean=(s.col_abs_sum / (rows * steps_c)).astype(f32),
       lane_ndiff=lane_ndiff,
       tile_ndiff=s.tile_ndiff,
-      tiles_total=jnp.stack(tot) * s.steps,
-      tiles_any=jnp.stack(anyd),
-      tiles_all=jnp.stack(alld),
+      tiles_total=tot * s.steps,
+      tiles_any=anyd,
+      tiles_all=alld,
       scale=scale.astype(f32),
       scale_spread=spread.astype(f32),
       err_slope=slope.astype(f32),

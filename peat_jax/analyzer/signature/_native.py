@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from peat_jax.analyzer.signature._bits import _uint
+from peat_jax.analyzer.signature._layout import flat
 from peat_jax.analyzer.signature._pass import _shift_tests
-from peat_jax.analyzer.signature._pass import _view2d
 from peat_jax.analyzer.signature._signature import (
     Array, NARROW_FORMATS, SignatureState, _DTYPE_CODE, _SUPPORTED, _bits_of)
 
@@ -28,7 +26,7 @@ _NATIVE_REF_COUNTS = ("ref_n", "ref_t_closer", "ref_g_closer",
 
 
 def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,
-                       ref_lo: Array | None) -> SignatureState:
+                       ref_lo: Array | None, dims=None) -> SignatureState:
   """`_accumulate` on CPU: the full pass is the native kernel.
 
   `peat_jax/kernels/csrc/signature.cc` reads t and g (and the reference)
@@ -40,10 +38,15 @@ def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,
   in float64); see tests/test_analyzer_native.py for the tolerances.
 
   Args:
-    t: test record.
+    t: test record (any shape), or with ``dims`` flat and padded
+      (:mod:`._layout`).
     g: golden record (same shape and dtype).
     ref_hi: optional float32 high part of the reference.
     ref_lo: optional float32 low part.
+    dims: None (the record's own shape), or its :class:`~._layout.Dims`
+      (R and C traced): its row and column fields then have
+      ``dims.lines`` slots, its tiles at most ``cap / 64`` (zero beyond;
+      :func:`._layout.trim`).
 
   Returns:
     The `SignatureState` of this record.
@@ -51,19 +54,28 @@ def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,
   from peat_jax import kernels as _kernels  # pylint: disable=g-import-not-at-top
 
   dtype = t.dtype
-  shape = t.shape
-  n = int(math.prod(shape))
   nbits = _bits_of(dtype)
-  rows, cols = _view2d(shape)
-  t = t.reshape(rows, cols)
-  g = g.reshape(rows, cols)
+  t, rows, cols, slots = flat(t, dims)
+  g = g.reshape(-1)
+  cap = t.shape[0]
+  if dims is None:
+    caps = dict(rows_cap=rows, cols_cap=cols,
+                tiles_cap=(rows // 8) * (cols // 8))
+    dims_arr = np.array([rows, cols], np.int32)
+  else:
+    caps = dict(rows_cap=slots, cols_cap=slots,
+                tiles_cap=max(min(cap // 64, (slots // 8) ** 2), 1))
+    dims_arr = jnp.stack([rows, cols]).astype(jnp.int32)
   has_ref = ref_hi is not None
   if has_ref:
-    ref_hi = ref_hi.reshape(rows, cols).astype(jnp.float32)
-    ref_lo = ref_lo.reshape(rows, cols).astype(jnp.float32)
+    ref_hi = ref_hi.reshape(-1).astype(jnp.float32)
+    ref_lo = ref_lo.reshape(-1).astype(jnp.float32)
   (ints, hashes, floats, row_ndiff, row_abs_max, row_abs_sum, row_abs_sqs,
    col_ndiff, col_abs_sum, tile_ndiff, hist_abs, hist_rel,
-   sample_counts) = _kernels.signature_pass(t, g, ref_hi, ref_lo)
+   sample_counts) = _kernels.signature_pass(t, g, ref_hi, ref_lo, dims_arr,
+                                            **caps)
+  if dims is None:
+    tile_ndiff = tile_ndiff.reshape(rows // 8, cols // 8)
   nf = len(NARROW_FORMATS)
   sampled = dict(hist_abs=hist_abs, hist_rel=hist_rel,
                  pct_n=sample_counts[0], sample_n=sample_counts[1],
@@ -82,7 +94,8 @@ def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,
   return SignatureState(
       steps=jnp.int32(1),
       dtype_code=jnp.int32(_DTYPE_CODE[_SUPPORTED[np.dtype(dtype)]]),
-      n=jnp.int32(n), flags=ints[:k], bits_up=ints[k:k + nbits],
+      n=jnp.asarray(rows * cols, jnp.int32), flags=ints[:k],
+      bits_up=ints[k:k + nbits],
       bits_down=ints[k + nbits:k + 2 * nbits],
       ulp_cum=ints[k + 2 * nbits:k + 3 * nbits], row_ndiff=row_ndiff,
       row_abs_max=row_abs_max, row_abs_sum=row_abs_sum,

@@ -16,39 +16,68 @@ from peat_jax.analyzer.signature._bits import (
     _combine_scaled, _from_bits, _hist_index, _merge_scaled, _representable,
     _row_scaled_sumsq, _sample_index, _uint)
 from peat_jax.analyzer.signature._count import _count_pass
+from peat_jax.analyzer.signature._layout import view2d
 from peat_jax.analyzer.signature._signature import (
     Array, HIST_BUCKETS, SHIFT_RANGE, SHIFT_SAMPLE_ROWS, SHIFT_WINDOW,
     SignatureState, _DTYPE_CODE, _MAX_FIELDS, _MIN_FIELDS, _SCALED, _SUPPORTED)
 
 
-def _view2d(shape) -> tuple[int, int]:
-  if len(shape) <= 1:
-    return 1, int(math.prod(shape))
-  return int(math.prod(shape[:-1])), int(shape[-1])
+_view2d = view2d
 
 
-def _shift_tests(tb: Array, gb: Array, rows: int, cols: int):
+def _sample_rows(rows, cw, slots: int):
+  """The shift tests' sampled rows: ``round(linspace(0, R - 1, S))`` with
+  S = min(R, SHIFT_SAMPLE_ROWS, max(2, ceil(SHIFT_WINDOW / cw))), as
+  int32[slots] and the mask of the first S (exact integer rounding, half
+  to even as NumPy's; R and cw may be traced, ``slots`` >= S static)."""
+  rows = jnp.asarray(rows, jnp.int32)
+  nsamp = jnp.minimum(jnp.minimum(rows, SHIFT_SAMPLE_ROWS),
+                      jnp.maximum(2, -(-SHIFT_WINDOW // cw)))
+  k = jnp.arange(slots, dtype=jnp.int32)
+  den = jnp.maximum(nsamp - 1, 1)
+  num = k * (rows - 1)
+  q, rem = num // den, num % den
+  up = (2 * rem > den) | ((2 * rem == den) & (q % 2 == 1))
+  ridx = jnp.where(nsamp > 1, q + up.astype(jnp.int32), 0)
+  return jnp.clip(ridx, 0, rows - 1), k < nsamp
+
+
+def _shift_tests(tb: Array, gb: Array, rows, cols):
   """Bitwise match counts of t against shifted/transposed g (sampled rows).
 
-  Two static gathers (no Python loop in the traced graph): g at every
-  column shift of the sampled rows, and g's rows at every row shift. Only
-  informative positions are compared: t differs from g there (bitwise) and
-  is not +-0. Equal elements say nothing about where t's values came from,
-  and on sparse arrays (a gradient that is zero but for a few rows) equal
-  zeros would match any shift; a KUT that zeroes elements is not a shift.
+  ``tb``, ``gb``: the records' bit patterns flat (:mod:`._layout`: R x C
+  row-major, then padding), R and C Python ints or traced. Static
+  gathers of the sampled rows' first min(C, SHIFT_WINDOW) columns: g at
+  every column shift, g's rows at every row shift. Only informative
+  positions are compared: t differs from g there (bitwise) and is not +-0.
+  Equal elements say nothing about where t's values came from, and on
+  sparse arrays (a gradient that is zero but for a few rows) equal zeros
+  would match any shift; a KUT that zeroes elements is not a shift.
   """
-  cw = min(cols, SHIFT_WINDOW)
-  nsamp = min(rows, SHIFT_SAMPLE_ROWS, max(2, -(-SHIFT_WINDOW // cw)))
-  ridx = np.unique(np.linspace(0, rows - 1, nsamp).round().astype(np.int64))
+  cap = tb.shape[0]
+  if isinstance(rows, int) and isinstance(cols, int):
+    # Static shape: the window and the sample at their own sizes.
+    cws = min(cols, SHIFT_WINDOW)
+    slots = min(rows, SHIFT_SAMPLE_ROWS, max(2, -(-SHIFT_WINDOW // cws)))
+  else:
+    cws, slots = min(cap, SHIFT_WINDOW), SHIFT_SAMPLE_ROWS
+  cw = jnp.minimum(cols, SHIFT_WINDOW)
+  if isinstance(rows, int) and isinstance(cols, int):
+    ridx = np.unique(np.linspace(0, rows - 1, slots).round().astype(np.int32))
+    rok_s = np.ones(ridx.shape, bool)
+  else:
+    ridx, rok_s = _sample_rows(rows, cw, slots)
   shifts = np.arange(-SHIFT_RANGE, SHIFT_RANGE + 1)
-  ts = tb[ridx][:, :cw]  # (S, cw)
-  gs = gb[ridx]
+  j = jnp.arange(cws, dtype=jnp.int32)
+  at = lambda a, r, c: a[jnp.clip(r * cols + c, 0, cap - 1)]
+  ts = at(tb, ridx[:, None], j[None, :])  # (S, cw)
+  here = rok_s[:, None] & (j < cw)[None, :]
   # Informative positions: t != g bitwise and t not +-0 (sign bit dropped).
-  inf = (ts != gs[:, :cw]) & ((ts << 1) != 0)  # (S, cw)
+  inf = (ts != at(gb, ridx[:, None], j[None, :])) & ((ts << 1) != 0) & here
   # Columns: t[i, j] vs g[i, j - s].
-  src = np.arange(cw)[None, :] - shifts[:, None]  # (17, cw)
+  src = j[None, :] - shifts[:, None]  # (17, cw)
   ok = (src >= 0) & (src < cols)
-  gsh = gs[:, np.clip(src, 0, cols - 1)]  # (S, 17, cw)
+  gsh = at(gb, ridx[:, None, None], jnp.clip(src, 0, cols - 1)[None])
   cmp_c = inf[:, None, :] & ok[None]
   col_m = jnp.sum((ts[:, None, :] == gsh) & cmp_c, axis=(0, 2),
                   dtype=jnp.int32)
@@ -56,16 +85,15 @@ def _shift_tests(tb: Array, gb: Array, rows: int, cols: int):
   # Rows: t[i, j] vs g[i - s, j].
   rsrc = ridx[None, :] - shifts[:, None]  # (17, S)
   rok = (rsrc >= 0) & (rsrc < rows)
-  grs = gb[np.clip(rsrc, 0, rows - 1)][:, :, :cw]  # (17, S, cw)
+  grs = at(gb, jnp.clip(rsrc, 0, rows - 1)[:, :, None], j[None, None, :])
   cmp_r = inf[None] & rok[:, :, None]
   row_m = jnp.sum((ts[None] == grs) & cmp_r, axis=(1, 2), dtype=jnp.int32)
   row_n = jnp.sum(cmp_r, axis=(1, 2), dtype=jnp.int32)
-  if rows == cols and rows > 1:
-    gt = gb[:cw, ridx].T  # g[j, i] for sampled i, j < cw
-    tr_m = jnp.sum((ts == gt) & inf, dtype=jnp.int32)
-    tr_n = jnp.sum(inf, dtype=jnp.int32)
-  else:
-    tr_m, tr_n = jnp.int32(0), jnp.int32(0)
+  # Transpose (R == C > 1): g[j, i] for sampled i, j < cw.
+  square = (jnp.asarray(rows) == cols) & (jnp.asarray(rows) > 1)
+  gt = at(gb, j[None, :], ridx[:, None])
+  tr_m = jnp.where(square, jnp.sum((ts == gt) & inf, dtype=jnp.int32), 0)
+  tr_n = jnp.where(square, jnp.sum(inf, dtype=jnp.int32), 0)
   return col_m, col_n, row_m, row_n, tr_m, tr_n
 
 
@@ -196,7 +224,7 @@ def _accumulate_bits(ut: Array, ug: Array, ref_hi_bits: Array | None,
 
   slope_sums = jnp.stack([fl[k] for k in ("sx", "sy", "sxy", "sxx", "syy")])
 
-  shifts = _shift_tests(ut, ug, rows, cols)
+  shifts = _shift_tests(ut.reshape(-1), ug.reshape(-1), rows, cols)
 
   sampled = _sampled_stats(ut, ug, dtype)
 

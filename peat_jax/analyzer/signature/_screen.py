@@ -44,18 +44,18 @@ class Screen(NamedTuple):
 
 
 def screen_facts(t: Array, g: Array, ref_hi: Array | None,
-                 ref_lo: Array | None) -> Screen:
+                 ref_lo: Array | None, dims=None) -> Screen:
   """The screen's facts of one record (traced).
 
   Args:
-    t, g, ref_hi, ref_lo: as the decomposition's
+    t, g, ref_hi, ref_lo, dims: as the decomposition's
       (``_decompose.decompose``; without a reference the golden output
       stands in).
 
   Returns:
     A :class:`Screen`, every field equal to the decomposition's.
   """
-  e = envelope(t, g, ref_hi, ref_lo)
+  e = envelope(t, g, ref_hi, ref_lo, dims)
   f32 = lambda v: jnp.asarray(v, jnp.float32)
   return Screen(f32(jnp.max(e.zt)), f32(e.golden_z), f32(e.theta_g),
                 jnp.sum(e.beyond, dtype=jnp.int32), e.n_nonfinite_mismatch)

@@ -2,15 +2,19 @@
 // (test, golden[, reference]) record computes every full-pass statistic of
 // peat_jax._analyzer.SignatureState.
 //
-//   peat_signature(t (R, C), g (R, C))
-//   peat_signature_ref(t (R, C), g (R, C), ref_hi f32 (R, C), ref_lo f32 (R, C))
+//   peat_signature(t, g, dims s32[2])
+//   peat_signature_ref(t, g, ref_hi f32, ref_lo f32, dims s32[2])
+//     the record is (R, C) = dims, the first R * C elements of each buffer
+//     (any shape, equal sizes: a record padded to a size bucket), and the
+//     row, column and tile outputs are at least R, C and (R / 8) * (C / 8)
+//     long, zero beyond
 //     -> ints   s32[32 + 3 * nbits + 7]: flag counts (_F_* order), bits_up,
 //                                        bits_down, ulp_cum, reference counts
 //        hashes u32[4]: order-free hash sums (2 of t, 2 of g)
 //        floats c[22]: scalar float statistics (kFloat* order)
 //        row_ndiff s32[R], row_abs_max c[R], row_abs_sum c[R], row_abs_sqs c[R]
 //        col_ndiff s32[C], col_abs_sum c[C]
-//        tile_ndiff s32[R / 8, C / 8]
+//        tile_ndiff s32[(R / 8) * (C / 8)], row-major
 //        hist_abs s32[1024], hist_rel s32[1024]: percentile histograms of
 //                             the sampled elements
 //        sample_counts s32[12]: pct_n, sample_n, repr_t[5], repr_g[5]
@@ -284,10 +288,22 @@ void CombineAndStore(const Job& job, int nbits, const Outs& out) {
   }
 }
 
+// Zeroes the row and column outputs beyond the record's rows and columns.
+void ZeroTails(int64_t rows, int64_t cols, const Outs& out) {
+  for (int k = kOutRowNd; k <= kOutColSum; ++k) {
+    ffi::AnyBuffer& b = **out[k];
+    const int64_t used = k < kOutColNd ? rows : cols;
+    const size_t width = ffi::ByteWidth(b.element_type());
+    char* p = static_cast<char*>(b.untyped_data());
+    std::memset(p + used * width, 0, (b.element_count() - used) * width);
+  }
+}
+
 // Validates the buffers, runs the units and stores the outputs.
 ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
                          ffi::AnyBuffer g, const ffi::AnyBuffer* hi,
-                         const ffi::AnyBuffer* lo, const Outs& out) {
+                         const ffi::AnyBuffer* lo, ffi::AnyBuffer dims,
+                         const Outs& out) {
   const char* name = hi ? "peat_signature_ref" : "peat_signature";
   const ffi::DataType dt = t.element_type();
   const int nbits = NBits(dt);
@@ -302,28 +318,35 @@ ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
         DtypeName(g.element_type()) + " != test dtype " + DtypeName(dt) +
         "; expected equal dtypes");
   }
-  auto dims = t.dimensions();
-  if (dims.size() != 2 || g.dimensions().size() != 2 ||
-      g.dimensions()[0] != dims[0] || g.dimensions()[1] != dims[1]) {
+  if (dims.element_type() != ffi::DataType::S32 ||
+      dims.element_count() != 2) {
     return ffi::Error::InvalidArgument(
-        std::string(name) + ": expected test and golden of one 2-D shape "
-        "(R, C); got " + DimsString(dims) + " and " +
-        DimsString(g.dimensions()));
+        std::string(name) + ": dims has " + DtypeName(dims.element_type()) +
+        " with " + std::to_string(dims.element_count()) +
+        " elements; expected int32[2] (rows, cols)");
   }
-  const int64_t rows = dims[0], cols = dims[1];
-  if (rows < 1 || cols < 1 || rows * cols >= (int64_t{1} << 31) - 1) {
+  // The record is the first rows * cols elements of the buffers, row-major
+  // (a record padded to its size bucket: the rest is never read).
+  const int32_t* d = dims.typed_data<int32_t>();
+  const int64_t rows = d[0], cols = d[1];
+  const int64_t cap = static_cast<int64_t>(t.element_count());
+  if (rows < 1 || cols < 1 || rows * cols >= (int64_t{1} << 31) - 1 ||
+      rows * cols > cap ||
+      static_cast<int64_t>(g.element_count()) != cap) {
     return ffi::Error::InvalidArgument(
-        std::string(name) + ": expected 1 to 2**31 - 2 elements; got " +
-        DimsString(dims));
+        std::string(name) + ": dims (" + std::to_string(rows) + ", " +
+        std::to_string(cols) + ") with test " + DimsString(t.dimensions()) +
+        " and golden " + DimsString(g.dimensions()) +
+        "; expected 1 to 2**31 - 2 elements, at most the buffers' equal "
+        "sizes");
   }
   for (const ffi::AnyBuffer* r : {hi, lo}) {
     if (r && (r->element_type() != ffi::DataType::F32 ||
-              r->dimensions().size() != 2 || r->dimensions()[0] != rows ||
-              r->dimensions()[1] != cols)) {
+              static_cast<int64_t>(r->element_count()) != cap)) {
       return ffi::Error::InvalidArgument(
-          std::string(name) + ": expected float32 reference halves of shape " +
-          DimsString(dims) + "; got " + DtypeName(r->element_type()) + " " +
-          DimsString(r->dimensions()));
+          std::string(name) + ": expected float32 reference halves of " +
+          std::to_string(cap) + " elements; got " +
+          DtypeName(r->element_type()) + " " + DimsString(r->dimensions()));
     }
   }
   const ffi::DataType cdt =
@@ -349,13 +372,18 @@ ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
   };
   for (int k = 0; k < kNumOut; ++k) {
     ffi::Result<ffi::AnyBuffer>& b = *out[k];
+    // Row, column and tile outputs may be longer than the record needs
+    // (a size bucket's): their tails are zeroed.
+    const bool at_least = k >= kOutRowNd && k <= kOutTile;
+    const int64_t have = static_cast<int64_t>(b->element_count());
     if (b->element_type() != want[k].type ||
-        static_cast<int64_t>(b->element_count()) != want[k].size) {
+        (at_least ? have < want[k].size : have != want[k].size)) {
       return ffi::Error::InvalidArgument(
           std::string(name) + ": output " + want[k].name + " has " +
           DtypeName(b->element_type()) + " with " +
           std::to_string(b->element_count()) + " elements; expected " +
-          DtypeName(want[k].type) + " with " + std::to_string(want[k].size));
+          DtypeName(want[k].type) + " with " +
+          (at_least ? "at least " : "") + std::to_string(want[k].size));
     }
   }
 
@@ -380,6 +408,7 @@ ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
   job.col_nd = cnd.data();
   job.col_sum = csm.data();
   job.tile = (*out[kOutTile])->typed_data<int32_t>();
+  std::fill(job.tile, job.tile + (*out[kOutTile])->element_count(), 0);
 
   UnitFn fn = nullptr;
   switch (dt) {
@@ -410,6 +439,7 @@ ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
   } else {
     CombineAndStore<float>(job, nbits, out);
   }
+  ZeroTails(rows, cols, out);
   return ffi::Error::Success();
 }
 
@@ -429,16 +459,17 @@ ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
    &col_sum, &tile, &hist_abs, &hist_rel, &sample_counts}
 
 ffi::Error SignatureNoRef(ffi::ThreadPool pool, ffi::AnyBuffer t,
-                          ffi::AnyBuffer g, PEAT_SIG_RESULTS) {
+                          ffi::AnyBuffer g, ffi::AnyBuffer dims,
+                          PEAT_SIG_RESULTS) {
   const Outs out = PEAT_SIG_OUTS;
-  return SignatureImpl(pool, t, g, nullptr, nullptr, out);
+  return SignatureImpl(pool, t, g, nullptr, nullptr, dims, out);
 }
 
 ffi::Error SignatureRef(ffi::ThreadPool pool, ffi::AnyBuffer t,
                         ffi::AnyBuffer g, ffi::AnyBuffer hi, ffi::AnyBuffer lo,
-                        PEAT_SIG_RESULTS) {
+                        ffi::AnyBuffer dims, PEAT_SIG_RESULTS) {
   const Outs out = PEAT_SIG_OUTS;
-  return SignatureImpl(pool, t, g, &hi, &lo, out);
+  return SignatureImpl(pool, t, g, &hi, &lo, dims, out);
 }
 
 }  // namespace
@@ -468,12 +499,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     PEAT_SIG_RETS(xla::ffi::Ffi::Bind()
                       .Ctx<xla::ffi::ThreadPool>()
                       .Arg<xla::ffi::AnyBuffer>()
+                      .Arg<xla::ffi::AnyBuffer>()
                       .Arg<xla::ffi::AnyBuffer>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     PeatSignatureRef, peat::sig::SignatureRef,
     PEAT_SIG_RETS(xla::ffi::Ffi::Bind()
                       .Ctx<xla::ffi::ThreadPool>()
+                      .Arg<xla::ffi::AnyBuffer>()
                       .Arg<xla::ffi::AnyBuffer>()
                       .Arg<xla::ffi::AnyBuffer>()
                       .Arg<xla::ffi::AnyBuffer>()
