@@ -25,7 +25,7 @@ from peat_jax.analyzer.signature._finalize import _finalize
 from peat_jax.analyzer.signature._layout import (
     Dims, bucket, lines, pad, trim, view2d)
 from peat_jax.analyzer.signature._pass import (
-    _accumulate, _accumulate_bits, _merge, _view2d)
+    _accumulate, _accumulate_bits, _merge)
 from peat_jax.analyzer.signature._screen import Screen, screen_facts
 from peat_jax.analyzer.signature._signature import (
     Array, Signature, SignatureState, _bits_of)
@@ -663,7 +663,7 @@ def signature_update(state: SignatureState, test, golden,
     PeatError: shape or dtype differ from the state's.
   """
   shape, dtype = _check_pair(test, golden, batched=False)
-  rows, cols = _view2d(shape)
+  rows, cols = view2d(shape)
   have = (state.row_ndiff.shape[0], state.col_ndiff.shape[0])
   if have != (rows, cols):
     raise PeatError(

@@ -47,7 +47,8 @@ from jax import lax
 from peat_jax import core as _core
 from peat_jax.analyzer.signature._bits import _from_bits, _uint, sample_jitter
 from peat_jax.analyzer.signature._layout import (
-    Layout, cols_sum, flat, layout, per_element, rows_sum, seg_sum)
+    Layout, cols_sum, flat, layout, per_element, rows_sum, seg_sum,
+    tile_counts)
 from peat_jax.analyzer.signature._prefix import cumsum_small, first_true
 from peat_jax.analyzer.signature._signature import (
     Array, LANES, PCT_SAMPLE, SHIFT_RANGE, SHIFT_SAMPLE_ROWS, SHIFT_WINDOW,
@@ -205,38 +206,23 @@ def _safe_div(a, b):
 def _tiles(mask: Array, lay: Layout) -> tuple[Array, Array]:
   """Aligned tiles (edges TILE_SIZES) of the (R, C) view with any / every
   element in ``mask`` (flat, :mod:`._layout`), over the largest aligned
-  top-left sub-array. Traced: one segment sum into 8x8 tiles, the larger
-  tiles summed from those."""
+  top-left sub-array: the 8x8 tile counts (a reshape, or traced one
+  segment sum), the larger tiles summed from them
+  (:func:`~._layout.tile_counts`)."""
   m = mask.astype(jnp.int32)
-  if not lay.static:
-    base = TILE_SIZES[0]
-    tr, tc = lay.rows // base, lay.cols // base
+  base = TILE_SIZES[0]
+  tr, tc = lay.rows // base, lay.cols // base
+  if lay.static:
+    grid = jnp.sum(m.reshape(lay.rows, lay.cols)[:tr * base, :tc * base]
+                   .reshape(tr, base, tc, base), axis=(1, 3), dtype=jnp.int32)
+  else:
     inside = lay.valid & (lay.row < tr * base) & (lay.col < tc * base)
     nt = max(min(lay.cap // (base * base),
                  (lay.row_slots // base) * (lay.col_slots // base)), 1)
     tid = jnp.where(inside, (lay.row // base) * tc + lay.col // base, nt)
     grid = seg_sum(m, tid, nt)  # (tr, tc) 8x8 tiles row-major, then zeros
-  anys, alls = [], []
-  for ts in TILE_SIZES:
-    tr, tc = lay.rows // ts, lay.cols // ts
-    if lay.static:
-      if tr == 0 or tc == 0:
-        anys.append(jnp.int32(0))
-        alls.append(jnp.int32(0))
-        continue
-      cnt = jnp.sum(m.reshape(lay.rows, lay.cols)[:tr * ts, :tc * ts].reshape(
-          tr, ts, tc, ts), axis=(1, 3), dtype=jnp.int32)
-    else:
-      k = ts // base
-      tc8 = lay.cols // base
-      i = jnp.arange(nt, dtype=jnp.int32)
-      a, b = i // jnp.maximum(tc8, 1), i % jnp.maximum(tc8, 1)
-      ok = (i < (lay.rows // base) * tc8) & (a < tr * k) & (b < tc * k)
-      cnt = grid if k == 1 else seg_sum(
-          grid, jnp.where(ok, (a // k) * tc + b // k, nt), nt)
-    anys.append(jnp.sum(cnt > 0, dtype=jnp.int32))
-    alls.append(jnp.sum(cnt == ts * ts, dtype=jnp.int32))
-  return jnp.stack(anys), jnp.stack(alls)
+  _, anys, alls = tile_counts(grid, lay.rows, lay.cols, 1)
+  return anys, alls
 
 
 def _top_bit(x: Array, nbits: int) -> Array:

@@ -10,10 +10,10 @@ from peat_jax.analyzer.signature._bits import _combine_scaled
 from peat_jax.analyzer.signature._decompose import Decomposition
 from peat_jax.analyzer.signature._decompose import empty as empty_decomposition
 from peat_jax.analyzer.signature._bits import _div_by_max
-from peat_jax.analyzer.signature._layout import seg_sum
+from peat_jax.analyzer.signature._layout import seg_sum, tile_counts
 from peat_jax.analyzer.signature._signature import (
     Array, HIST_BUCKETS, LANES, PERCENTILES, SHIFT_MIN_COMPARED, SHIFT_RANGE,
-    Signature, SignatureState, TILE_SIZES, _F_BIT_EQUAL, _F_FINITE_PAIR,
+    Signature, SignatureState, _F_BIT_EQUAL, _F_FINITE_PAIR,
     _F_FLUSHED, _F_GOLDEN_SUBNORMAL, _F_GOLDEN_ZERO, _F_INF_G, _F_INF_T,
     _F_LOG_OK, _F_MAG_LARGER, _F_MAG_SMALLER, _F_NAN_G, _F_NAN_T, _F_NEG_ERR,
     _F_NONFINITE_NEW, _F_OVERFLOW, _F_POS_ERR, _F_RATIO_OK, _F_SATURATED,
@@ -39,31 +39,6 @@ def _hist_pct(hist: Array, total: Array, vmax: Array) -> Array:
     i = jnp.minimum(jnp.sum(cum < need, dtype=jnp.int32), HIST_BUCKETS - 1)
     out.append(jnp.where(total > 0, jnp.minimum(edges[i], vmax), 0.0))
   return jnp.stack(out).astype(jnp.float32)
-
-
-def _tiles_of(tile: Array, rows, cols, steps: Array):
-  """Totals, tiles with a difference and tiles all different, for edges
-  8, 16, 32, from the 8x8 tile counts (flat, row-major, (R // 8, C // 8)
-  then zeros; R and C may be traced)."""
-  tile = tile.reshape(-1)
-  cap = tile.shape[0]
-  tr8, tc8 = rows // 8, cols // 8
-  i = jnp.arange(cap, dtype=jnp.int32)
-  a, b = i // jnp.maximum(tc8, 1), i % jnp.maximum(tc8, 1)
-  tot, anyd, alld = [], [], []
-  for ts in TILE_SIZES:
-    k = ts // 8
-    r, cc = tr8 // k, tc8 // k
-    full = ts * ts * steps
-    if k == 1:
-      m = tile
-    else:
-      inside = (i < tr8 * tc8) & (a < r * k) & (b < cc * k)
-      m = seg_sum(tile, jnp.where(inside, (a // k) * cc + b // k, cap), cap)
-    tot.append(jnp.asarray(r * cc, jnp.int32))
-    anyd.append(jnp.sum(m > 0, dtype=jnp.int32))
-    alld.append(jnp.sum(m == full, dtype=jnp.int32))
-  return jnp.stack(tot), jnp.stack(anyd), jnp.stack(alld)
 
 
 def _finalize(s: SignatureState, dec: Decomposition | None = None,
@@ -130,7 +105,7 @@ def _finalize(s: SignatureState, dec: Decomposition | None = None,
   ccap = s.col_ndiff.shape[0]
   lane_ndiff = seg_sum(s.col_ndiff, jnp.arange(ccap) % LANES, LANES)
   # Tiles.
-  tot, anyd, alld = _tiles_of(s.tile_ndiff, rows, cols, s.steps)
+  tot, anyd, alld = tile_counts(s.tile_ndiff, rows, cols, s.steps)
   # Scale.
   nr = fl[_F_RATIO_OK]
   has_r = nr > 0

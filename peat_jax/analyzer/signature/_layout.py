@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from peat_jax.analyzer.signature._signature import Array
+from peat_jax.analyzer.signature._signature import Array, TILE_SIZES
 
 #: The smallest size bucket (records of up to this many elements share it).
 MIN_BUCKET = 1 << 12
@@ -156,6 +156,32 @@ def per_element(lay: Layout, v: Array) -> Array:
   if lay.static:
     return jnp.broadcast_to(v[:, None], (lay.rows, lay.cols)).reshape(-1)
   return v[jnp.minimum(lay.row, lay.row_slots - 1)]
+
+
+def tile_counts(tile: Array, rows, cols, steps):
+  """Totals, tiles with a count and tiles full, for edges TILE_SIZES
+  (8, 16, 32), from the 8x8 tile counts (flat or (R // 8, C // 8),
+  row-major, then zeros; R and C may be traced): the larger tiles are
+  sums of the 8x8 ones. A tile is full at ``edge**2 * steps``."""
+  tile = tile.reshape(-1)
+  cap = tile.shape[0]
+  tr8, tc8 = rows // 8, cols // 8
+  i = jnp.arange(cap, dtype=jnp.int32)
+  a, b = i // jnp.maximum(tc8, 1), i % jnp.maximum(tc8, 1)
+  tot, anyd, alld = [], [], []
+  for ts in TILE_SIZES:
+    k = ts // 8
+    r, cc = tr8 // k, tc8 // k
+    full = ts * ts * steps
+    if k == 1:
+      m = tile
+    else:
+      inside = (i < tr8 * tc8) & (a < r * k) & (b < cc * k)
+      m = seg_sum(tile, jnp.where(inside, (a // k) * cc + b // k, cap), cap)
+    tot.append(jnp.asarray(r * cc, jnp.int32))
+    anyd.append(jnp.sum(m > 0, dtype=jnp.int32))
+    alld.append(jnp.sum(m == full, dtype=jnp.int32))
+  return jnp.stack(tot), jnp.stack(anyd), jnp.stack(alld)
 
 
 def flat(x: Array, dims: Dims | None):

@@ -22,9 +22,6 @@ from peat_jax.analyzer.signature._signature import (
     SignatureState, _DTYPE_CODE, _MAX_FIELDS, _MIN_FIELDS, _SCALED, _SUPPORTED)
 
 
-_view2d = view2d
-
-
 def _sample_rows(rows, cw, slots: int):
   """The shift tests' sampled rows: ``round(linspace(0, R - 1, S))`` with
   S = min(R, SHIFT_SAMPLE_ROWS, max(2, ceil(SHIFT_WINDOW / cw))), as
@@ -182,7 +179,7 @@ def _accumulate_bits(ut: Array, ug: Array, ref_hi_bits: Array | None,
   big = jnp.asarray(cfinfo.max, cdt)
   shape = ut.shape
   n = int(math.prod(shape))
-  rows, cols = _view2d(shape)
+  rows, cols = view2d(shape)
   ut = ut.reshape(rows, cols)
   ug = ug.reshape(rows, cols)
   t = _from_bits(ut, dtype)
