@@ -19,11 +19,6 @@ from peat_jax import kernels
 from peat_jax.analyzer.signature import _api
 from peat_jax.analyzer.signature import _layout
 
-# Fields that are near-zero differences of sums (cancellation to rounding):
-# their value is the summation order's.
-_ORDER_ONLY = {"row_resid", "fit_resid", "balance_test", "balance_golden"}
-
-
 def _case(shape, dtype, fault, seed):
   rng = np.random.default_rng(seed)
   r = rng.standard_normal(shape)
@@ -51,16 +46,6 @@ def _both(monkeypatch, fn):
   return padded, exact
 
 
-def _assert_same(padded, exact):
-  for name in padded._fields:
-    a, b = np.asarray(getattr(padded, name)), np.asarray(getattr(exact, name))
-    assert a.shape == b.shape, name
-    if a.dtype.kind in "biu":
-      np.testing.assert_array_equal(a, b, err_msg=name)
-    elif name not in _ORDER_ONLY:
-      np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-30, err_msg=name)
-
-
 _F32, _BF16 = np.float32, ml_dtypes.bfloat16
 
 
@@ -71,12 +56,13 @@ _F32, _BF16 = np.float32, ml_dtypes.bfloat16
     ((3, 2, 40), _F32, "zero"), ((3, 2, 40), _BF16, "none"),
     ((1, 70000), _F32, "bitflip"), ((70000, 1), _BF16, "bitflip"),
     ((70000, 1), _F32, "shift"), ((33,), _BF16, "bitflip")])
-def test_padded_record_is_its_own_shape(monkeypatch, shape, dtype, fault):
+def test_padded_record_is_its_own_shape(monkeypatch, same_but_order,
+                                        shape, dtype, fault):
   if not _api._bucketed():
     pytest.skip("records are padded to size buckets on CPU")
   t, g, r = _case(shape, dtype, fault, seed=len(shape) + shape[0])
   padded, exact = _both(monkeypatch, lambda: peat.analyze(t, g, r))
-  _assert_same(padded, exact)
+  same_but_order(padded, exact)
   assert np.shape(padded.row_ndiff) == (_layout.view2d(shape)[0],)
   dp, de = peat.detect(padded), peat.detect(exact)
   assert (dp.model, dp.verdict) == (de.model, de.verdict)
@@ -85,7 +71,8 @@ def test_padded_record_is_its_own_shape(monkeypatch, shape, dtype, fault):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_screen_decomposition_and_no_reference_padded(monkeypatch, dtype):
+def test_screen_decomposition_and_no_reference_padded(monkeypatch,
+                                                     same_but_order, dtype):
   if not _api._bucketed():
     pytest.skip("records are padded to size buckets on CPU")
   t, g, r = _case((40, 150), dtype, "bitflip", seed=5)
@@ -93,12 +80,14 @@ def test_screen_decomposition_and_no_reference_padded(monkeypatch, dtype):
              lambda: peat.analyzer.screen(t, g, r)[1],
              lambda: peat.analyzer.decomposition(t, g, r),
              lambda: peat.analyze(t, g)):
-    _assert_same(*_both(monkeypatch, fn))
+    same_but_order(*_both(monkeypatch, fn))
 
 
-def test_many_records_of_mixed_buckets(monkeypatch):
-  if not _api._bucketed():
-    pytest.skip("records are padded to size buckets on CPU")
+def test_many_records_at_their_shapes_bitwise_those_alone(same_but_order):
+  """The many-record calls run every record at its own shape, whatever
+  the count: a record's fields are bitwise those of a call with it alone;
+  `analyze` of it alone (its size bucket's) agrees but for the order of
+  its sums."""
   cases = [_case(s, d, f, seed=i) for i, (s, d, f) in enumerate(
       [((16, 64), np.float32, "none"), ((300, 70), ml_dtypes.bfloat16,
                                         "bitflip"),
@@ -108,11 +97,20 @@ def test_many_records_of_mixed_buckets(monkeypatch):
             for _, _, r in cases]
   args = ([t for t, _, _ in cases], [g for _, g, _ in cases],
           [h for h, _ in halves], [lo for _, lo in halves])
-  padded, exact = _both(
-      monkeypatch, lambda: peat.analyzer.analyze_split_many(*args,
-                                                            to_host=True))
-  for a, b in zip(padded, exact):
-    _assert_same(a, b)
+  alone = lambda fn, i: fn(*[[a[i]] for a in args], to_host=True)[0]
+  for fn in (peat.analyzer.analyze_split_many,
+             peat.analyzer.screen_split_many,
+             peat.analyzer.decompose_split_many):
+    many = fn(*args, to_host=True)
+    assert len(many) == len(cases)
+    for i, got in enumerate(many):
+      want = jax.tree.leaves(alone(fn, i))
+      assert len(jax.tree.leaves(got)) == len(want) > 0
+      for a, b in zip(jax.tree.leaves(got), want):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for (t, g, r), got in zip(cases, peat.analyzer.analyze_split_many(
+      *args, to_host=True)):
+    same_but_order(jax.device_get(peat.analyze(t, g, r)), got)
 
 
 def test_bucket():

@@ -1,12 +1,14 @@
 """The port probe's host arithmetic: the exact median and the deferred,
 batched re-based signatures give the values of the plain computations."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from peat_jax import analyzer
 from peat_jax.analyzer.signature import _select
+from peat_jax.analyzer.signature import split_reference
 from peat_jax.injectors import round_nearest
 from peat_jax import core
 
@@ -98,10 +100,11 @@ def test_probe_ratio_is_the_median_over_differing_elements():
   assert p["ratio"] == float(np.median(ratio))
 
 
-def test_deferred_probe_signatures_equal_the_probe_own():
+def test_deferred_probe_signatures_equal_the_probe_own(same_but_order):
   """``signature="defer"`` + ``probe_signatures`` (one executable for
-  all) == ``port_probe``'s own Signature == ``analyze`` of the record
-  against the hypothesis, field for field, bitwise."""
+  all) == ``port_probe``'s own Signature == the record against the
+  hypothesis analyzed at its own shape, field for field, bitwise; `analyze`
+  of it (its size bucket's executable) to the order of its sums."""
   recs = [_record(s, shape, dt) for s, shape, dt in [
       (2, (64, 32, 48), np.float32), (3, (64, 32, 48), np.float32)]]
   want = [_probe(rec, True) for rec in recs]
@@ -109,11 +112,16 @@ def test_deferred_probe_signatures_equal_the_probe_own():
   assert all("hypothesis" in p and "signature" not in p for p in got[:-1])
   # The definition: the output against the hypothesis rounded to its
   # dtype, the hypothesis as the reference, one record at a time.
-  defs = [analyzer.analyze(rec[1], p["hypothesis"].astype(rec[1].dtype),
-                           p["hypothesis"]) for rec, p in zip(recs, got)]
+  hyps = [(rec[1], p["hypothesis"]) for rec, p in zip(recs, got)]
+  defs = [analyzer.analyze_split_many(
+      [t], [h.astype(t.dtype)], *map(list, zip(
+          split_reference(h, t.shape, batched=False))),
+      to_host=True)[0] for t, h in hyps]
+  alone = [jax.device_get(analyzer.analyze(t, h.astype(t.dtype), h))
+           for t, h in hyps]
   analyzer.probe_signatures(got, [rec[1] for rec in recs] + [None])
   assert got[-1] is None
-  for w, p, d in zip(want, got, defs):
+  for w, p, d, a in zip(want, got, defs, alone):
     assert "hypothesis" not in p
     assert set(w) == set(p)
     for name in analyzer.Signature._fields:
@@ -123,6 +131,7 @@ def test_deferred_probe_signatures_equal_the_probe_own():
       np.testing.assert_array_equal(
           np.asarray(getattr(p["signature"], name)),
           np.asarray(getattr(d, name)), err_msg=name)
+    same_but_order(p["signature"], a)
     for key in set(w) - {"signature"}:
       assert w[key] == p[key], key
 

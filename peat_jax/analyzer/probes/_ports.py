@@ -640,8 +640,10 @@ def probe_signatures(probes: Sequence[dict | None],
   ``"signature"`` ``port_probe`` would have added (``test`` against the
   hypothesis rounded to the output's dtype, the hypothesis as reference:
   the same values, one dispatch and one transfer for all, NumPy fields).
-  A single probe runs `analyze`'s own executable (`analyze_split_many`
-  of one record), which the calibration's signatures compiled already.
+  One probe or many, each record runs at its own shape
+  (`analyze_split_many`): a deferred probe's Signature is bitwise the one
+  ``port_probe(signature=True)`` adds (tests/analyzer/test_ports.py), and
+  a campaign's sites compile once.
 
   Args:
     probes: ``port_probe`` results (None where no probe ran); modified in

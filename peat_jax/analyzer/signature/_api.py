@@ -266,7 +266,8 @@ def analyze_split(test, golden, ref_hi: Array, ref_lo: Array) -> Signature:
   """`analyze` with the reference given as its float32 (hi, lo) halves.
 
   For references computed on the device (`split_on_device`): no float64
-  array comes to the host.
+  array comes to the host. On CPU the record runs in its size bucket, as
+  `analyze` (bitwise the same Signature).
 
   Args:
     test: output of the kernel under test.
@@ -280,6 +281,11 @@ def analyze_split(test, golden, ref_hi: Array, ref_lo: Array) -> Signature:
   Raises:
     PeatError: as `analyze`; halves of another shape or dtype.
   """
+  if _bucketed():
+    # A record alone: its size bucket's executable, as `analyze`'s.
+    shape, dtype = _check_split(0, test, golden, ref_hi, ref_lo)
+    return _padded("analyze", [test], [golden], [ref_hi], [ref_lo],
+                   [(shape, dtype)], False)[0]
   return analyze_split_many([test], [golden], [ref_hi], [ref_lo])[0]
 
 
@@ -289,10 +295,17 @@ def analyze_split_many(tests: Sequence, goldens: Sequence,
   """`analyze_split` of many records (any shapes) in one executable.
 
   One dispatch for all of them, and XLA may run their passes concurrently
-  (the playback of one checkpoint analyzes all its sites this way).
+  (the playback of one checkpoint analyzes all its sites this way). Each
+  record runs at its own shape, never padded to its size bucket, whatever
+  the count: a campaign's sites keep their shapes from one checkpoint to
+  the next, and a record's fields are bitwise the same in a call with it
+  alone as with others (`analyze_split` and `analyze` of a record alone
+  run in its bucket: the same counts and diagnosis, float sums to their
+  summation order).
 
   Args:
-    tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+    tests, goldens, ref_his, ref_los: per record, as `analyze_split`
+      (a record's two halves None: no reference).
     to_host: return NumPy Signatures, fetched as one array per dtype (a
       few transfers instead of one per field of every record).
 
@@ -311,7 +324,8 @@ def screen_split_many(tests: Sequence, goldens: Sequence,
                       ) -> list[tuple[Signature, Screen]]:
   """The triage screen of many records (any shapes) in one executable.
 
-  Per record the Signature without its decomposition (``decomposed``
+  At the records' own shapes, as `analyze_split_many`. Per record the
+  Signature without its decomposition (``decomposed``
   False; of its fields only the :class:`Screen`'s five are set, the
   others neutral) and the :class:`Screen` facts; the
   decomposition of the records the screen flags is
@@ -319,7 +333,8 @@ def screen_split_many(tests: Sequence, goldens: Sequence,
   two into the Signature `analyze_split_many` returns.
 
   Args:
-    tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+    tests, goldens, ref_his, ref_los: per record, as `analyze_split`
+      (a record's two halves None: no reference).
     to_host: return NumPy fields (one transfer per dtype).
 
   Returns:
@@ -337,16 +352,17 @@ def decompose_split_many(tests: Sequence, goldens: Sequence,
   """The noise-aware decomposition alone of many records, one executable.
 
   Args:
-    tests, goldens, ref_his, ref_los: per record, as `analyze_split`.
+    tests, goldens, ref_his, ref_los: per record, as `analyze_split`
+      (a record's two halves None: no reference).
     to_host: return NumPy fields (one transfer per dtype).
 
   Each record runs the one-record executable of its own shape, one after
   the other: the records a screen flags differ from one checkpoint to the
   next, and an executable for each such subset would compile again and
-  again. (Not its size bucket's: playback's flagged records keep their
-  shapes from one checkpoint to the next, and a padded decomposition's
-  warm call costs up to twice an exact one's; :func:`decomposition` of a
-  lone record uses the bucket.)
+  again. (Not its size bucket's, as `analyze_split_many`: playback's
+  flagged records keep their shapes from one checkpoint to the next, and
+  a padded decomposition's warm call costs up to twice an exact one's;
+  :func:`decomposition` of a lone record uses the bucket.)
 
   Returns:
     The records' decompositions, in order (see :func:`with_decomposition`).
@@ -354,8 +370,7 @@ def decompose_split_many(tests: Sequence, goldens: Sequence,
   Raises:
     PeatError: as `analyze_split_many`.
   """
-  got = [_split_many("decompose", [t], [g], [hi], [lo], False,
-                     bucketed=False)[0]
+  got = [_split_many("decompose", [t], [g], [hi], [lo], False)[0]
          for t, g, hi, lo in zip(tests, goldens, ref_his, ref_los)]
   return jax.device_get(got) if to_host else got
 
@@ -423,36 +438,38 @@ def _one(kind: str, test, golden, reference):
     return _ONE_JIT[kind](t, g, hi, lo)
 
 
+def _check_split(i: int, test, golden, ref_hi, ref_lo) -> tuple:
+  """(shape, dtype) of record ``i`` given with its reference's halves
+  (both None: no reference)."""
+  shape, dtype = _check_pair(test, golden, batched=False)
+  if ref_hi is None and ref_lo is None:
+    return shape, dtype
+  for name, h in (("ref_hi", ref_hi), ("ref_lo", ref_lo)):
+    if (tuple(np.shape(h)) != tuple(shape)
+        or np.dtype(h.dtype) != np.float32):
+      raise PeatError(
+          f"record {i}: {name} has shape {tuple(np.shape(h))} and dtype "
+          f"{h.dtype}; expected float32 of the test's shape "
+          f"{tuple(shape)}. Fix: split the float64 reference with "
+          "split_on_device.")
+  return shape, dtype
+
+
 @_releasing
-def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool,
-                *, bucketed: bool = True):
-  """`kind` (analyze, screen, decompose) of many records, one executable
-  (one record: its size bucket's, unless ``bucketed`` is False)."""
+def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool):
+  """`kind` (analyze, screen, decompose) of many records at their own
+  shapes, one executable. Never padded, whatever the count: a record's
+  fields are bitwise the same in a call of one record or of many."""
   if not len(tests) == len(goldens) == len(ref_his) == len(ref_los):
     raise PeatError("tests, goldens, ref_his and ref_los have lengths "
                     f"{len(tests)}, {len(goldens)}, {len(ref_his)}, "
                     f"{len(ref_los)}; expected one of each per record")
   ts, gs, wide, metas = [], [], False, []
   for i, (t, g, hi, lo) in enumerate(zip(tests, goldens, ref_his, ref_los)):
-    shape, dtype = _check_pair(t, g, batched=False)
-    metas.append((shape, dtype))
-    for name, h in (("ref_hi", hi), ("ref_lo", lo)):
-      if (tuple(np.shape(h)) != tuple(shape)
-          or np.dtype(h.dtype) != np.float32):
-        raise PeatError(
-            f"record {i}: {name} has shape {tuple(np.shape(h))} and dtype "
-            f"{h.dtype}; expected float32 of the test's shape "
-            f"{tuple(shape)}. Fix: split the float64 reference with "
-            "split_on_device.")
-    wide |= np.dtype(dtype) == np.float64
+    metas.append(_check_split(i, t, g, hi, lo))
+    wide |= np.dtype(metas[-1][1]) == np.float64
   if not metas:
     return []
-  if len(metas) == 1 and bucketed and _bucketed():
-    # One record: its size bucket's executable, shared with every shape
-    # of that bucket. Many records (a checkpoint's sites) run at their
-    # own shapes in one executable, compiled once for the campaign: no
-    # padding, and the fastest warm call.
-    return _padded(kind, tests, goldens, ref_his, ref_los, metas, to_host)
   for t, g, (_, dtype) in zip(tests, goldens, metas):
     with _x64_scope(dtype):
       ts.append(_as_array(t, dtype))
@@ -467,7 +484,8 @@ def _split_many(kind: str, tests, goldens, ref_his, ref_los, to_host: bool,
       return [jax.device_get(out) if to_host else out]
     if not to_host:
       return list(_MANY_JIT[kind](ts, gs, his, los))
-    key = (kind,) + tuple((tuple(t.shape), str(t.dtype)) for t in ts)
+    key = (kind,) + tuple((tuple(t.shape), str(t.dtype), h is None)
+                          for t, h in zip(ts, his))
     if key not in _PACK_LAYOUTS:
       _PACK_LAYOUTS[key] = _unpack_plan(
           jax.eval_shape(_MANY_JIT[kind], ts, gs, his, los))

@@ -99,9 +99,11 @@ def _register_builtin(kut_spec: str) -> None:
 
 
 def play_steps(factory: tuple, ckpt: str, kut: _kut.CheckedSpec, select: Any,
-               steps: Sequence[int],
-               invariance: bool = False) -> Iterator[tuple]:
-  """Worker job: the records of each step, by a :class:`Player`."""
+               steps: Sequence[int], invariance: bool = False,
+               records_path: str | None = None) -> Iterator[tuple]:
+  """Worker job: the records of each step, by a :class:`Player` that
+  carries the port probes of the campaign's steps recorded in
+  ``records_path`` (a worker started after a kill or a crash)."""
   _register_builtin(kut.name)
   task = TaskFactory(*factory).build()
   player = None
@@ -114,6 +116,9 @@ def play_steps(factory: tuple, ckpt: str, kut: _kut.CheckedSpec, select: Any,
                                      task.batch_at(int(state.data_position)),
                                      select=select, backward=kut.backward,
                                      invariance=invariance)
+        if records_path is not None:
+          player.resume_probes(_playback_fi.campaign_records(
+              records_path, kut.name, kut.backward))
         yield ("sites", list(player.site_names))
         player.compile(state)  # everything but the KUT's run: no hang yet
         yield ("warm",)
@@ -212,7 +217,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
   while todo:
     w = Worker(__name__, "play_steps",
                dict(factory=fac, ckpt=ckpt, kut=kut, select=select,
-                    steps=list(todo), invariance=invariance), limits,
+                    steps=list(todo), invariance=invariance,
+                    records_path=path), limits,
                what="step")
     t0 = time.perf_counter()
     with contextlib.closing(w.events()) as events:

@@ -20,6 +20,7 @@ from peat_jax.profiler.playback_fi._player import PlayerGroup as PlayerGroup
 from peat_jax.profiler.playback_fi._player import select_calls as select_calls
 from peat_jax.profiler.playback_fi._playback import PlaybackResult as PlaybackResult
 from peat_jax.profiler.playback_fi._playback import plan_steps as plan_steps
+from peat_jax.profiler.playback_fi._playback import campaign_records as campaign_records
 from peat_jax.profiler.playback_fi._playback import playback as playback
 from peat_jax.profiler.playback_fi._playback import playback_many as playback_many
 from peat_jax.profiler.playback_fi._playback import playback_plan as playback_plan

@@ -137,6 +137,13 @@ def plan_steps(saved: Sequence[int], ckpt: str, path: str, kut_spec: str,
   return steps, [s for s in steps if s not in done]
 
 
+def campaign_records(path: str, kut_spec: str,
+                     backward: str = "golden") -> list[dict]:
+  """The records of one KUT and backward setting in a record file (the
+  complete steps a resumed playback keeps), in file order."""
+  return [r for r in read_records(path) if of_campaign(r, kut_spec, backward)]
+
+
 def playback_result(path: str, steps: Sequence[int], kut_spec: str,
                     site_order: Sequence[str] | None = None,
                     timings: Sequence[float] = (),
@@ -369,6 +376,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
                             task.batch_at(int(state.data_position)),
                             select=select, backward=backward,
                             invariance=invariance)
+        for k, player in group.players.items():
+          player.resume_probes(campaign_records(path, k, backward))
       recs = group.play(s, state)
       for k in specs:
         if s in todo[k]:

@@ -261,6 +261,17 @@ class Player:
                  backward=self.backward)
     update_rel_diff(state.params, state.params, state.params)
 
+  def resume_probes(self, records: Sequence[dict]) -> None:
+    """Carries the port probes of a campaign's recorded steps
+    (:meth:`ProbeCache.from_records`): a resumed campaign's later records
+    are then those an uninterrupted run writes.
+
+    Args:
+      records: this KUT's and backward setting's records of complete
+        steps (a record file may hold other campaigns': filter them).
+    """
+    self._probe_cache = ProbeCache.from_records(records)
+
   def play(self, step: int, state, *, timings: dict | None = None
            ) -> list[dict]:
     """Records of one checkpoint: site records, then one effect record.

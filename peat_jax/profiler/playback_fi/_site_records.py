@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import analyzer as _analyzer
+from peat_jax.analyzer.signature import split_reference as _split_reference
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
@@ -150,9 +151,20 @@ def _host_screens(i: int, site: _sites.Site, params: dict,
   for k, t, g, r in zip(keys, tests, golds, refs):
     if r is not None and np.shape(r) != np.shape(g):
       r = None
-    sig, scr = _analyzer.screen(t, g, r)
+    # At the record's own shape, as the device-referenced screens: the
+    # same record either way (not `analyzer.screen`'s size bucket).
+    hi, lo = _host_halves(r, g)
+    (sig, scr), = _analyzer.screen_split_many([t], [g], [hi], [lo])
     out.append(_Pending(i, k, t, g, r, None, sig, scr))
   return out
+
+
+def _host_halves(ref, golden) -> tuple:
+  """The (hi, lo) float32 halves of a host float64 reference (None, None
+  without one)."""
+  if ref is None:
+    return None, None
+  return _split_reference(ref, np.shape(golden), batched=False)
 
 
 def _decompose(flagged: Sequence[_Pending]) -> list[_Pending]:
@@ -163,8 +175,10 @@ def _decompose(flagged: Sequence[_Pending]) -> list[_Pending]:
   decs = _analyzer.decompose_split_many(
       [p.test for p in dev], [p.gold for p in dev],
       [p.hilo[0] for p in dev], [p.hilo[1] for p in dev], to_host=True)
-  decs += jax.device_get([_analyzer.decomposition(p.test, p.gold, p.ref)
-                          for p in host])
+  halves = [_host_halves(p.ref, p.gold) for p in host]
+  decs += _analyzer.decompose_split_many(
+      [p.test for p in host], [p.gold for p in host],
+      [h for h, _ in halves], [lo for _, lo in halves], to_host=True)
   by = {id(p): d for p, d in zip(dev + host, decs)}
   return [p._replace(sig=_analyzer.with_decomposition(p.sig, by[id(p)]))
           for p in flagged]
@@ -214,9 +228,11 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None,
 def probe_class(sig) -> str:
   """A record's screened class, as the probe cache keys it: what the
   probe would be asked (a dense error, with or without NaN/Inf that
-  golden does not have)."""
-  nonfinite = int(np.asarray(sig.n_nonfinite_mismatch)) > 0
-  return "dense, non-finite" if nonfinite else "dense"
+  golden does not have). ``sig``: a Signature or a record's
+  ``"signature"`` dict."""
+  n = sig["n_nonfinite_mismatch"] if isinstance(sig, dict) else (
+      sig.n_nonfinite_mismatch)
+  return "dense, non-finite" if int(np.asarray(n)) > 0 else "dense"
 
 
 class ProbeCache:
@@ -234,6 +250,28 @@ class ProbeCache:
 
   def __init__(self):
     self._found: dict[tuple[str, str], tuple[int, dict | None]] = {}
+
+  @classmethod
+  def from_records(cls, records: Sequence[dict]) -> "ProbeCache":
+    """The cache a campaign held after playing ``records`` (its complete
+    steps, in step order): a resumed playback, or a worker that takes
+    over after a crash, carries the probes an uninterrupted run would
+    (its records are then those of the uninterrupted run).
+
+    Args:
+      records: one campaign's records (one KUT and backward setting);
+        site records the probe decided whole (``decided_by: probe``) count.
+
+    Returns:
+      The cache.
+    """
+    cache = cls()
+    whole = [r for r in records if r.get("kind") == "site"
+             and r.get("decided_by") == "probe"]
+    for r in sorted(whole, key=lambda r: r["step"]):
+      cache.keep(r["site"], probe_class(r["signature"]), int(r["step"]),
+                 r.get("port"))
+    return cache
 
   def carried(self, name: str, cls: str, step: int
               ) -> tuple[int, dict | None] | None:
