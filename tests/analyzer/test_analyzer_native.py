@@ -317,7 +317,7 @@ def test_analyze_uses_the_native_pass_on_cpu():
   x = jnp.ones((4096,), jnp.float32)
   dims = np.array([16, 32], np.int32)
   text = api._PAD_PACKED_JIT["signature"].lower(
-      [x], [x], [None], [None], [dims], lines=(512,)).as_text()
+      x, x, None, None, dims, lines=512).as_text()
   assert "peat_signature" in text
   assert "stablehlo.while" not in text
 

@@ -120,9 +120,8 @@ _MANY_JIT = {k: jax.jit(lambda ts, gs, his, los, f=f: [
 _MANY_PACKED_JIT = {k: jax.jit(lambda ts, gs, his, los, m=m: _pack(
     m(ts, gs, his, los))) for k, m in _MANY_JIT.items()}
 _PAD_PACKED_JIT = {k: jax.jit(
-    lambda ts, gs, his, los, ds, lines, f=f: _pack([
-        f(t, g, hi, lo, Dims(d, n))
-        for t, g, hi, lo, d, n in zip(ts, gs, his, los, ds, lines)]),
+    lambda t, g, hi, lo, d, lines, f=f: _pack([f(t, g, hi, lo,
+                                                 Dims(d, lines))]),
     static_argnames="lines") for k, f in _PER_PADDED.items()}
 _PACK_LAYOUTS: dict = {}  # record shapes/dtypes -> _unpack_plan
 # The streaming form: the pass and the finalization separately.
@@ -237,11 +236,9 @@ def analyze(test, golden, reference=None) -> Signature:
   shape, dtype = _check_pair(test, golden, batched=False)
   if _bucketed():
     if reference is None:
-      return _padded("signature", [test], [golden], [None], [None],
-                     [(shape, dtype)], False)[0]
+      return _padded("signature", test, golden, None, None, shape, dtype)
     hi, lo = split_reference(reference, shape, batched=False)
-    return _padded("analyze", [test], [golden], [hi], [lo],
-                   [(shape, dtype)], False)[0]
+    return _padded("analyze", test, golden, hi, lo, shape, dtype)
   with _x64_scope(dtype):
     t = _as_array(test, dtype)
     g = _as_array(golden, dtype)
@@ -284,8 +281,7 @@ def analyze_split(test, golden, ref_hi: Array, ref_lo: Array) -> Signature:
   if _bucketed():
     # A record alone: its size bucket's executable, as `analyze`'s.
     shape, dtype = _check_split(0, test, golden, ref_hi, ref_lo)
-    return _padded("analyze", [test], [golden], [ref_hi], [ref_lo],
-                   [(shape, dtype)], False)[0]
+    return _padded("analyze", test, golden, ref_hi, ref_lo, shape, dtype)
   return analyze_split_many([test], [golden], [ref_hi], [ref_lo])[0]
 
 
@@ -430,8 +426,7 @@ def _one(kind: str, test, golden, reference):
   else:
     hi, lo = split_reference(reference, shape, batched=False)
   if _bucketed():
-    return _padded(kind, [test], [golden], [hi], [lo], [(shape, dtype)],
-                   False)[0]
+    return _padded(kind, test, golden, hi, lo, shape, dtype)
   with _x64_scope(dtype):
     t = _as_array(test, dtype)
     g = _as_array(golden, dtype)
@@ -501,41 +496,31 @@ def _bucketed() -> bool:
   return jax.default_backend() == "cpu"
 
 
-def _padded(kind: str, tests, goldens, ref_his, ref_los, metas,
-            to_host: bool) -> list:
-  """`kind` of validated records, each flat and padded to its size bucket
+def _padded(kind: str, test, golden, ref_hi, ref_lo, shape, dtype):
+  """`kind` of one validated record, flat and padded to its size bucket
   (`_layout.bucket`) with its (R, C) as an operand and its rows' and
-  columns' slots (`_layout.lines`): one executable per set of buckets,
-  slots and dtypes, whatever the shapes inside them. Results are
-  fetched, cut to each record's rows, columns and tiles (`_layout.trim`),
-  and put back on the device unless ``to_host``."""
-  wide = any(np.dtype(d) == np.float64 for _, d in metas)
-  with _x64_scope(np.float64 if wide else np.float32):
-    ts, gs, his, los, ds, views, slots = [], [], [], [], [], [], []
-    for t, g, hi, lo, (shape, dtype) in zip(tests, goldens, ref_his,
-                                            ref_los, metas):
-      rows, cols = view2d(shape)
-      cap = bucket(rows * cols)
-      slots.append(lines(cap, rows, cols))
-      ts.append(pad(t, cap, dtype))
-      gs.append(pad(g, cap, dtype))
-      his.append(None if hi is None else pad(hi, cap, np.float32))
-      los.append(None if lo is None else pad(lo, cap, np.float32))
-      ds.append(np.array([rows, cols], np.int32))
-      views.append((rows, cols))
-    slots = tuple(slots)
-    key = ("padded", kind, slots) + tuple(
-        (tuple(t.shape), str(t.dtype), h is None) for t, h in zip(ts, his))
-    fn = _PAD_PACKED_JIT[kind]
+  columns' slots (`_layout.lines`): one executable per bucket, slot count
+  and dtype, whatever the shapes inside them. The result is fetched, cut
+  to the record's rows, columns and tiles (`_layout.trim`) and put back
+  on the device."""
+  rows, cols = view2d(shape)
+  cap = bucket(rows * cols)
+  slots = lines(cap, rows, cols)
+  with _x64_scope(dtype):
+    t, g = pad(test, cap, dtype), pad(golden, cap, dtype)
+    hi = None if ref_hi is None else pad(ref_hi, cap, np.float32)
+    lo = None if ref_lo is None else pad(ref_lo, cap, np.float32)
+    d = np.array([rows, cols], np.int32)
+    key = ("padded", kind, slots, tuple(t.shape), str(t.dtype), hi is None)
     if key not in _PACK_LAYOUTS:
       _PACK_LAYOUTS[key] = _unpack_plan(jax.eval_shape(
-          lambda *a: [_PER_PADDED[kind](t, g, hi, lo, Dims(d, n))
-                      for t, g, hi, lo, d, n in zip(*a, slots)],
-          ts, gs, his, los, ds))
-    packed = jax.device_get(fn(ts, gs, his, los, ds, lines=slots))
-  got = [_trim_result(r, rows, cols) for r, (rows, cols) in
-         zip(_unpack(packed, _PACK_LAYOUTS[key]), views)]
-  return got if to_host else jax.device_put(got)
+          lambda t, g, hi, lo, d: [_PER_PADDED[kind](t, g, hi, lo,
+                                                     Dims(d, slots))],
+          t, g, hi, lo, d))
+    packed = jax.device_get(_PAD_PACKED_JIT[kind](t, g, hi, lo, d,
+                                                  lines=slots))
+  (got,) = _unpack(packed, _PACK_LAYOUTS[key])
+  return jax.device_put(_trim_result(got, rows, cols))
 
 
 def size_bucket(shape) -> int:

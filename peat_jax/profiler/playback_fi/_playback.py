@@ -163,8 +163,8 @@ def playback_result(path: str, steps: Sequence[int], kut_spec: str,
     records of a site with several outputs (``"output"``) follow their
     site in output order.
   """
-  allrecs = [r for r in read_records(path) if of_campaign(r, kut_spec, backward)
-             and r.get("step") in set(steps)]
+  allrecs = [r for r in campaign_records(path, kut_spec, backward)
+             if r.get("step") in set(steps)]
   site_recs = [r for r in allrecs if r.get("kind") == "site"]
   effects = sorted((r for r in allrecs if r.get("kind") == "effect"),
                    key=lambda r: r["step"])

@@ -168,20 +168,16 @@ def _host_halves(ref, golden) -> tuple:
 
 
 def _decompose(flagged: Sequence[_Pending]) -> list[_Pending]:
-  """The flagged records completed by their decomposition (one dispatch
-  for the device-referenced ones, one transfer for all)."""
-  dev = [p for p in flagged if p.hilo is not None]
-  host = [p for p in flagged if p.hilo is None]
+  """The flagged records completed by their decomposition (each at its
+  own shape, with its device halves or its host reference's; one
+  transfer for all)."""
+  halves = [p.hilo if p.hilo is not None else _host_halves(p.ref, p.gold)
+            for p in flagged]
   decs = _analyzer.decompose_split_many(
-      [p.test for p in dev], [p.gold for p in dev],
-      [p.hilo[0] for p in dev], [p.hilo[1] for p in dev], to_host=True)
-  halves = [_host_halves(p.ref, p.gold) for p in host]
-  decs += _analyzer.decompose_split_many(
-      [p.test for p in host], [p.gold for p in host],
+      [p.test for p in flagged], [p.gold for p in flagged],
       [h for h, _ in halves], [lo for _, lo in halves], to_host=True)
-  by = {id(p): d for p, d in zip(dev + host, decs)}
-  return [p._replace(sig=_analyzer.with_decomposition(p.sig, by[id(p)]))
-          for p in flagged]
+  return [p._replace(sig=_analyzer.with_decomposition(p.sig, d))
+          for p, d in zip(flagged, decs)]
 
 
 def _port_probe(site, params, tp, sig, ref=None, pre=None,
