@@ -484,8 +484,8 @@ def _precision_hypotheses(kind: str, args: Sequence[Any],
       fn = lambda name=name: given[name]
     else:
       fn = lambda fmt=fmt: reference_fn(*[_rounded(a, fmt) for a in args])
-    out.append((f"precision:{fmt}", name,
-                f"the kernel on its inputs rounded to {fmt}", fn, None))
+    out.append((f"precision:{fmt}", name, precision_sentence(fmt), fn,
+                None))
   return out
 
 
@@ -527,6 +527,44 @@ def _median_ratio(base: _RatioBase, h) -> float:
     ratio = np.abs(base.t - h[base.keep]) / base.d_r
   ratio[np.isnan(ratio)] = np.inf
   return median(ratio)
+
+
+def probe_answer(model: str, name: str, sentence: str, tried: list[str],
+                 ratio: float, distance: float, d_ref: float, d_gold: float,
+                 fit: float | None = None) -> dict:
+  """The probe's answer for its best hypothesis (``port_probe``'s dict
+  without ``row_order`` and ``signature``), from its figures.
+
+  Args:
+    model, name, sentence: the hypothesis (error model, name, what it is).
+    tried: the names of the hypotheses tried.
+    ratio: its median ratio (``|t - h| / |t - r|`` over ``t != r``).
+    distance: the KUT's RMS distance to it.
+    d_ref, d_gold: the KUT's and the golden kernel's RMS distance to the
+      float64 reference.
+    fit: the fitted constant, if any.
+
+  Returns:
+    ``{"model", "name", "explains", "tried", "ratio", "distance",
+    "reference_distance", "evidence", "estimate"?}``.
+  """
+  out = {"model": model, "name": name, "explains": bool(ratio <= EXPLAINS),
+         "tried": list(tried),
+         "ratio": float(ratio), "distance": float(distance),
+         "reference_distance": float(d_ref),
+         "evidence": (f"{sentence}: the KUT's median distance to that "
+                      f"variant is {ratio:.3g} of its distance to the "
+                      f"model's kernel in float64 ({d_ref:.3g} RMS, "
+                      f"{d_ref / max(d_gold, 1e-300):.3g}x the golden "
+                      "kernel's)")}
+  if fit is not None:
+    out["estimate"] = float(fit)
+  return out
+
+
+def precision_sentence(fmt: str) -> str:
+  """What the input-precision hypothesis ``inputs_<fmt>`` is."""
+  return f"the kernel on its inputs rounded to {fmt}"
 
 
 def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
@@ -605,18 +643,9 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
   if best is None:
     return None
   ratio, model, name, sentence, fit, h = best
-  dist = rms(t - h)
-  explains = ratio <= EXPLAINS
-  out = {"model": model, "name": name, "explains": bool(explains),
-         "tried": [hy[1] for hy in hyps],
-         "ratio": ratio, "distance": dist, "reference_distance": d_ref,
-         "evidence": (f"{sentence}: the KUT's median distance to that "
-                      f"variant is {ratio:.3g} of its distance to the "
-                      f"model's kernel in float64 ({d_ref:.3g} RMS, "
-                      f"{d_ref / max(d_gold, 1e-300):.3g}x the golden "
-                      "kernel's)")}
-  if fit is not None:
-    out["estimate"] = float(fit)
+  out = probe_answer(model, name, sentence, [hy[1] for hy in hyps], ratio,
+                     rms(t - h), d_ref, d_gold, fit)
+  explains = out["explains"]
   if not explains:
     order = _row_order(kind, args, np.where(fin, t, 0.0),
                        np.where(fin, r, 0.0))
@@ -636,7 +665,9 @@ def probe_signatures(probes: Sequence[dict | None],
   """The re-based Signatures of many deferred probes, in one executable.
 
   For each probe made with ``signature="defer"`` whose hypothesis explains
-  the output, replaces its ``"hypothesis"`` (the float64 output) by the
+  the output, replaces its ``"hypothesis"`` (the float64 output; or
+  ``"hypothesis_split"``: that output already rounded to the test's dtype
+  and split into float32 halves, device arrays) by the
   ``"signature"`` ``port_probe`` would have added (``test`` against the
   hypothesis rounded to the output's dtype, the hypothesis as reference:
   the same values, one dispatch and one transfer for all, NumPy fields).
@@ -659,15 +690,22 @@ def probe_signatures(probes: Sequence[dict | None],
   Raises:
     PeatError: as ``analyze_split_many``.
   """
-  todo = [(p, np.asarray(t)) for p, t in zip(probes, tests)
-          if p is not None and "hypothesis" in p]
+  todo = [(p, t) for p, t in zip(probes, tests)
+          if p is not None and ("hypothesis" in p or "hypothesis_split" in p)]
   if not todo:
     return
-  halves = [split_reference(p["hypothesis"], t.shape, batched=False)
-            for p, t in todo]
-  args = ([t for _, t in todo],
-          [p["hypothesis"].astype(t.dtype) for p, t in todo],
-          [hi for hi, _ in halves], [lo for _, lo in halves])
+  golds, his, los = [], [], []
+  for p, t in todo:
+    if "hypothesis_split" in p:  # the output's dtype and halves, on device
+      gold, hi, lo = p["hypothesis_split"]
+    else:
+      hi, lo = split_reference(p["hypothesis"], np.shape(t), batched=False)
+      gold = p["hypothesis"].astype(
+          t.dtype if hasattr(t, "dtype") else np.asarray(t).dtype)
+    golds.append(gold)
+    his.append(hi)
+    los.append(lo)
+  args = ([t for _, t in todo], golds, his, los)
   if cleared is None:
     sigs = analyze_split_many(*args, to_host=True)
   else:
@@ -680,5 +718,6 @@ def probe_signatures(probes: Sequence[dict | None],
     for i, dec in zip(flagged, decs):
       sigs[i] = with_decomposition(sigs[i], dec)
   for (p, _), sig in zip(todo, sigs):
-    del p["hypothesis"]
+    p.pop("hypothesis", None)
+    p.pop("hypothesis_split", None)
     p["signature"] = sig

@@ -405,6 +405,29 @@ class Envelope(NamedTuple):
   has_ref: bool
 
 
+def envelope_theta(golden_z: Array, dtype, has_ref: bool) -> Array:
+  """The golden envelope in units of ``u * scale`` from golden's largest
+  error ``golden_z`` (traced): ``ENVELOPE_FACTOR * max(golden_z,
+  ENVELOPE_MIN_Z)`` (the 16-bit constants for 16-bit records), or
+  ``NO_REFERENCE_Z`` without a reference.
+
+  Args:
+    golden_z: golden's largest error (the computation's float dtype).
+    dtype: the record's dtype.
+    has_ref: whether the record has a float64 reference.
+
+  Returns:
+    The envelope.
+  """
+  if not has_ref:
+    cdt = jnp.float64 if np.dtype(dtype) == np.float64 else jnp.float32
+    return jnp.asarray(NO_REFERENCE_Z, cdt)
+  factor, min_z = ((ENVELOPE16_FACTOR, ENVELOPE16_MIN_Z)
+                   if np.dtype(dtype).itemsize <= 2 else
+                   (ENVELOPE_FACTOR, ENVELOPE_MIN_Z))
+  return factor * jnp.maximum(golden_z, min_z)
+
+
 def envelope(t: Array, g: Array, ref_hi: Array | None,
              ref_lo: Array | None, dims=None) -> Envelope:
   """The golden envelope of one record (traced; see the module doc).
@@ -454,15 +477,8 @@ def envelope(t: Array, g: Array, ref_hi: Array | None,
   eg = jnp.where(fp, jnp.abs((jnp.where(fin_g, gc, 0.0) - r) - lo), 0.0)
   zt = et / unit
   zg = eg / unit
-  if has_ref:
-    golden_z = jnp.max(zg)
-    factor, min_z = ((ENVELOPE16_FACTOR, ENVELOPE16_MIN_Z)
-                     if dtype.itemsize <= 2 else
-                     (ENVELOPE_FACTOR, ENVELOPE_MIN_Z))
-    theta_g = factor * jnp.maximum(golden_z, min_z)
-  else:
-    golden_z = jnp.float32(0)
-    theta_g = jnp.asarray(NO_REFERENCE_Z, cdt)
+  golden_z = jnp.max(zg) if has_ref else jnp.float32(0)
+  theta_g = envelope_theta(golden_z, dtype, has_ref)
   new_nf = fin_g & ~fin_t
   beyond = (fp & (zt > theta_g)) | new_nf
   mismatch = jnp.sum(((jnp.isnan(tc) != jnp.isnan(gc)) |

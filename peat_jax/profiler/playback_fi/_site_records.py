@@ -15,11 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import analyzer as _analyzer
+from peat_jax.analyzer import probes as _probes_api
 from peat_jax.analyzer.signature import split_reference as _split_reference
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 from peat_jax.profiler.files import signature_record
+from peat_jax.profiler.playback_fi._carried_probe import CarriedProbes
 from peat_jax.profiler.playback_fi._probe_refs import ProbeReferences
 from peat_jax.profiler.playback_fi._timing import NO_LAPS
 from peat_jax.profiler.files import tag_backward
@@ -70,8 +72,10 @@ class DeviceReferences:
 
   One jitted call (traced with x64) computes the references of the sites
   asked for and splits each into float32 (hi, lo) halves: neither the site
-  inputs nor any float64 array come to the host. Composite sites (no
-  traceable golden kernel) keep the host path (``site_reference``).
+  inputs nor any float64 array come to the host (the float64 reference
+  stays on the device for the carried port probe, :class:`CarriedProbes`).
+  Composite sites (no traceable golden kernel) keep the host path
+  (``site_reference``).
   """
 
   def __init__(self, sites: Sequence[tuple[_sites.Site, dict]]):
@@ -80,11 +84,14 @@ class DeviceReferences:
                 for site, params in sites]
     self.probe_refs = ProbeReferences(self.fns,
                                       [site.kernel for site, _ in sites])
+    self.carried = CarriedProbes(self.fns)
 
     def refs(which, inputs):
-      return [_analyzer.split_on_device(
-          self.fns[i](*[x.astype(jnp.float64) for x in xs]))
-              for i, xs in zip(which, inputs)]
+      out = []
+      for i, xs in zip(which, inputs):
+        r = self.fns[i](*[x.astype(jnp.float64) for x in xs])
+        out.append((*_analyzer.split_on_device(r), r))
+      return out
     self._jit = jax.jit(refs, static_argnums=0)
 
   def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
@@ -95,7 +102,8 @@ class DeviceReferences:
                 for x, s in zip(tp.inputs, site.in_shapes)))
 
   def __call__(self, which: tuple[int, ...], inputs: list) -> list:
-    """``[(hi, lo)]`` of the sites ``which`` from their input tuples."""
+    """``[(hi, lo, float64 reference)]`` (device arrays) of the sites
+    ``which`` from their input tuples."""
     with jax.enable_x64(True):
       return self._jit(which, inputs)
 
@@ -109,6 +117,7 @@ class _Pending(NamedTuple):
   gold: Any
   ref: Any  # host float64 reference, or None (device halves instead)
   hilo: tuple | None  # device (hi, lo) of the reference
+  ref64: Any  # ... and the float64 reference itself (device), or None
   sig: Any  # the Signature (screened; completed once flagged)
   screen: Any  # its analyzer.Screen
 
@@ -126,8 +135,9 @@ def _device_screens(sites, refs: DeviceReferences) -> list[_Pending]:
   got = _analyzer.screen_split_many(
       [sites[i][2].kut for i, _ in ok], [sites[i][2].golden for i, _ in ok],
       [hl[0] for _, hl in ok], [hl[1] for _, hl in ok], to_host=True)
-  return [_Pending(i, None, sites[i][2].kut, sites[i][2].golden, None, hl,
-                   sig, scr) for (i, hl), (sig, scr) in zip(ok, got)]
+  return [_Pending(i, None, sites[i][2].kut, sites[i][2].golden, None,
+                   hl[:2], hl[2], sig, scr)
+          for (i, hl), (sig, scr) in zip(ok, got)]
 
 
 def _host_screens(i: int, site: _sites.Site, params: dict,
@@ -155,7 +165,7 @@ def _host_screens(i: int, site: _sites.Site, params: dict,
     # same record either way (not `analyzer.screen`'s size bucket).
     hi, lo = _host_halves(r, g)
     (sig, scr), = _analyzer.screen_split_many([t], [g], [hi], [lo])
-    out.append(_Pending(i, k, t, g, r, None, sig, scr))
+    out.append(_Pending(i, k, t, g, r, None, None, sig, scr))
   return out
 
 
@@ -289,6 +299,35 @@ class ProbeCache:
 _ROUNDED_INPUTS = ("precision", "accumulation")
 
 
+def _carried_on_device(sites, tried: Sequence[tuple[_Pending, tuple]],
+                       only: dict, device_refs) -> dict:
+  """The device tries of carried input-precision hypotheses
+  (:class:`CarriedProbes`): ``{id(record): probe}`` of the records the
+  hypothesis still explains, each probe as ``port_probe(only=...)``
+  answers it, with ``carried_from`` and the hypothesis's device halves
+  (``hypothesis_split``) for its re-based Signature; the others are left
+  to the decomposition and the probe whole."""
+  if not tried:
+    return {}
+  fmts = [only[p.i][len("inputs_"):] for p, _ in tried]
+  got = device_refs.carried(
+      tuple((p.i, f) for (p, _), f in zip(tried, fmts)),
+      [tuple(sites[p.i][2].inputs) for p, _ in tried],
+      [p.test for p, _ in tried], [p.gold for p, _ in tried],
+      [p.ref64 for p, _ in tried])
+  kept = {}
+  for (p, c), fmt, g in zip(tried, fmts, got):
+    if not g.d_ref > _probes_api.BEYOND_GOLDEN * g.d_gold:
+      continue  # within golden's noise: port_probe finds nothing
+    found = _probes_api.probe_answer(
+        f"precision:{fmt}", only[p.i], _probes_api.precision_sentence(fmt),
+        [only[p.i]], g.ratio, g.distance, g.d_ref, g.d_gold)
+    if found["explains"]:
+      kept[id(p)] = {**found, "hypothesis_split": g.split,
+                     "carried_from": c[0]}
+  return kept
+
+
 def _probes(sites, flagged: Sequence[_Pending], device_refs,
             cache: ProbeCache | None, step: int
             ) -> tuple[list[_Pending], list, list[str]]:
@@ -317,18 +356,25 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
   light = {p.i for p, c in zip(flagged, carry)
            if p.i in only and c[1].get("explains")
            and str(c[1].get("model", "")).split(":")[0] in _ROUNDED_INPUTS}
+  # A carried input-precision hypothesis of a site with a device float64
+  # reference is tried on the device (CarriedProbes: scalars come back).
+  on_device = {p.i for p in flagged if device_refs and p.i in light
+               and p.ref64 is not None and only[p.i].startswith("inputs_")}
   pre = {}
   if device_refs:
     which = tuple(p.i for p, w, c in zip(flagged, want, carry)
-                  if w and p.hilo is not None and (c is None or p.i in only))
+                  if w and p.hilo is not None and p.i not in on_device
+                  and (c is None or p.i in only))
     # Every input-precision hypothesis of a site, carried or not: one
     # executable for the campaign (a carried site's own subset would
     # compile another at the second checkpoint).
     pre = device_refs.probe_refs(which, [tuple(sites[i][2].inputs)
                                          for i in which])
-  kept = {}
+  kept = _carried_on_device(
+      sites, [(p, c) for p, c in zip(flagged, carry) if p.i in on_device],
+      only, device_refs)
   for p, c in zip(flagged, carry):
-    if p.i in light:
+    if p.i in light and p.i not in on_device:
       site, params, tp = sites[p.i]
       found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i),
                           only=only[p.i], screened=True)
@@ -370,7 +416,27 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
       cache.keep(name, probe_class(p.sig), step, found)
     probes.append(found)
     paths.append("probe")
+  if cache is not None and device_refs and "probe" in paths:
+    _prepare_carried(sites, records, probes, paths, device_refs)
   return records, probes, paths
+
+
+def _prepare_carried(sites, records, probes, paths, device_refs) -> None:
+  """Compiles now the device tries the next checkpoint will run: those of
+  this step's device-referenced records whose hypothesis (found whole
+  here, or carried) explains by rounded inputs, in the order
+  :func:`_carried_on_device` takes them."""
+  tried = [(p, pr["name"][len("inputs_"):])
+           for p, pr, path in zip(records, probes, paths)
+           if path in ("probe", "carried probe") and p.ref64 is not None
+           and pr is not None and pr.get("explains")
+           and str(pr.get("name", "")).startswith("inputs_")]
+  if tried:
+    device_refs.carried.prepare(
+        tuple((p.i, f) for p, f in tried),
+        [tuple(sites[p.i][2].inputs) for p, _ in tried],
+        [p.test for p, _ in tried], [p.gold for p, _ in tried],
+        [p.ref64 for p, _ in tried])
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
@@ -535,6 +601,12 @@ class _SharedReferences:
 
   def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     return self._inner.usable(i, site, tp)
+
+  @property
+  def carried(self) -> CarriedProbes:
+    """The carried probe's tries (CarriedProbes): not shared (they read
+    the KUT's output)."""
+    return self._inner.carried
 
   def probe_refs(self, which: tuple[int, ...], inputs: list) -> dict:
     """The probe's references (ProbeReferences), shared the same way."""

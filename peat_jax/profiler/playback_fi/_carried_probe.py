@@ -1,0 +1,172 @@
+"""The carried port probe of playback's primitive sites, on the device.
+
+Once a site's whole probe (``peat.analyzer.port_probe``, on the host) has
+found that the kernel on its inputs rounded to a narrower format explains
+its output (``inputs_bf16``, ``inputs_tf32``...), the site's later records
+try that one hypothesis alone (``ProbeCache``). For a primitive site the
+whole of that try runs in one x64 executable for every such site of a
+step: the hypothesis (the traceable golden kernel on the rounded inputs),
+the KUT's and golden's RMS distances to the float64 reference the screens
+already computed (``DeviceReferences`` keeps it on the device), the ratio
+``|t - h| / |t - r|`` of every element where ``t != r``, the KUT's distance
+to the hypothesis, and the hypothesis rounded to the output's dtype and
+split into float32 halves for its re-based Signature
+(``peat.analyzer.probe_signatures``). Only scalars come to the host, and
+the median ratio, exactly ``np.median``'s (``analyzer.signature.median``,
+a host callback on the ratio array).
+
+The answer is the host probe's (``port_probe(only=...)``): the same
+hypothesis values, the same median (bitwise), the RMS distances up to the
+order of their sums (tests/profiler/playback_fi/test_carried_probe.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from peat_jax import analyzer as _analyzer
+from peat_jax.analyzer.signature import median as _median
+from peat_jax.profiler.playback_fi._probe_refs import rounded_input
+
+_F64 = jnp.float64
+#: bf16's smallest normal, and the spacing of its subnormals.
+_BF16_TINY = 2.0 ** -126
+_BF16_SUB_ULP = 2.0 ** -133
+#: float64 fraction bits below bf16's 7.
+_DROP = 52 - 7
+
+
+def nearest(h: jax.Array, dtype) -> jax.Array:
+  """A float64 array rounded once to ``dtype`` (to nearest, ties to even),
+  traced with x64: as NumPy's ``h.astype(dtype)``.
+
+  XLA converts float64 to bfloat16 by way of float32 (two roundings,
+  which differ from one where the first lands on a bf16 tie); bfloat16 is
+  rounded here on the float64 bits instead. Other dtypes convert directly
+  (one rounding).
+
+  Args:
+    h: float64 array.
+    dtype: the output dtype.
+
+  Returns:
+    ``h`` in ``dtype``.
+  """
+  if np.dtype(dtype) != jnp.bfloat16:
+    return h.astype(dtype)
+  bits = jax.lax.bitcast_convert_type(h, jnp.uint64)
+  lsb = (bits >> _DROP) & jnp.uint64(1)
+  mask = jnp.uint64((1 << _DROP) - 1)
+  up = (bits + (mask >> jnp.uint64(1)) + lsb) & ~mask
+  normal = jax.lax.bitcast_convert_type(up, _F64)
+  sub = jnp.round(h / _BF16_SUB_ULP) * _BF16_SUB_ULP  # exact scalings
+  out = jnp.where(jnp.abs(h) < _BF16_TINY, sub, normal)
+  out = jnp.where(jnp.isfinite(h), out, h)
+  # Exact in float32 (8 significant bits, or a bf16 subnormal), then in
+  # bf16; beyond bf16's range float32 gives the infinity bf16 rounds to.
+  return out.astype(jnp.float32).astype(jnp.bfloat16)
+
+
+class Carried(NamedTuple):
+  """One site's carried try of an input-precision hypothesis.
+
+  Attributes:
+    d_ref: the KUT's RMS distance to the float64 reference (host float).
+    d_gold: golden's (host float).
+    ratio: the median of ``|t - h| / |t - r|`` where ``t != r`` (inf when
+      there is no such element; host float).
+    distance: the KUT's RMS distance to the hypothesis (host float).
+    split: the hypothesis in the output's dtype and its float32 (hi, lo)
+      halves, device arrays (``probe_signatures``' ``hypothesis_split``).
+  """
+
+  d_ref: float
+  d_gold: float
+  ratio: float
+  distance: float
+  split: tuple
+
+
+def _median_kept(q: np.ndarray) -> np.ndarray:
+  """Host: the median of the ratio's kept elements (NaN marks the others;
+  a kept NaN ratio was made inf), inf when none is kept; as the float64's
+  two uint32 words (the callback runs outside the caller's x64 scope,
+  where a float64 result would be taken for a float32 one)."""
+  q = np.asarray(q)  # the callback may be handed a jax.Array: no jax ops
+  kept = q[~np.isnan(q)]
+  m = np.array(_median(kept) if kept.size else np.inf, np.float64)
+  return m.reshape(1).view(np.uint32)
+
+
+def _try(t, g, r, h):
+  """The carried try's figures and arrays of one record (traced, x64)."""
+  t64, g64 = t.astype(_F64), g.astype(_F64)
+  fin = jnp.isfinite(t64) & jnp.isfinite(r)
+  # The three sums of squares and the count in one variadic reduction: one
+  # read of the operands (separate sums each materialize their input).
+  sq = lambda a: jnp.where(fin, a * a, 0.0)
+  parts = (sq(t64 - r), sq(g64 - r), sq(t64 - h), fin.astype(_F64))
+  ss_ref, ss_gold, ss_h, n = jax.lax.reduce(
+      parts, tuple(jnp.zeros((), _F64) for _ in parts),
+      lambda x, y: tuple(a + b for a, b in zip(x, y)), tuple(range(t.ndim)))
+  rms = lambda ss: jnp.sqrt(ss / jnp.maximum(n, 1.0))
+  d_r = jnp.abs(jnp.where(fin, t64, 0.0) - jnp.where(fin, r, 0.0))
+  keep = d_r > 0  # implies finite: elsewhere both are 0
+  q = jnp.abs(t64 - h) / jnp.where(keep, d_r, 1.0)
+  q = jnp.where(keep, jnp.where(jnp.isnan(q), jnp.inf, q), jnp.nan)
+  ratio = jax.lax.bitcast_convert_type(jax.pure_callback(
+      _median_kept, jax.ShapeDtypeStruct((2,), jnp.uint32), q), _F64)
+  hi, lo = _analyzer.split_on_device(h)
+  return ((rms(ss_ref), rms(ss_gold), ratio, rms(ss_h)),
+          (nearest(h, t.dtype), hi, lo))
+
+
+class CarriedProbes:
+  """The carried try of a Player's primitive sites, one executable."""
+
+  def __init__(self, fns: Sequence):
+    """Args: fns: per site its traceable golden kernel
+    (``peat.analyzer.reference_traced``, None where there is none)."""
+    self.fns = list(fns)
+
+    def run(keys, inputs, tests, goldens, refs):
+      out = []
+      for (i, fmt), xs, t, g, r in zip(keys, inputs, tests, goldens, refs):
+        h = self.fns[i](*[rounded_input(x, fmt) for x in xs])
+        out.append(_try(t, g, r, h))
+      return out
+
+    self._jit = jax.jit(run, static_argnums=0)
+    self._compiled: dict = {}  # keys -> ahead-of-time executable
+
+  def prepare(self, keys: tuple[tuple[int, str], ...], inputs: list,
+              tests: list, goldens: list, refs: list) -> None:
+    """Compiles (does not run) the tries of ``keys`` for arrays of these
+    shapes and dtypes: playback calls it at the checkpoint whose whole
+    probes find the hypotheses, so the later checkpoints that carry them
+    run compiled code only (the first checkpoint pays the compilation,
+    as it does the others')."""
+    if keys and keys not in self._compiled:
+      with jax.enable_x64(True):
+        self._compiled[keys] = self._jit.lower(
+            keys, inputs, tests, goldens, refs).compile()
+
+  def __call__(self, keys: tuple[tuple[int, str], ...], inputs: list,
+               tests: list, goldens: list, refs: list) -> list[Carried]:
+    """The tries of the sites ``keys`` (``(site index, format)`` each):
+    their input tuples, KUT and golden outputs and float64 references
+    (device arrays); one dispatch, one transfer of the scalars."""
+    if not keys:
+      return []
+    with jax.enable_x64(True):
+      if keys in self._compiled:
+        got = self._compiled[keys](inputs, tests, goldens, refs)
+      else:
+        got = self._jit(keys, inputs, tests, goldens, refs)
+      figures = jax.device_get([f for f, _ in got])
+    return [Carried(*(float(v) for v in f), split)
+            for f, (_, split) in zip(figures, got)]
