@@ -4,25 +4,26 @@ Once a site's whole probe (``peat.analyzer.port_probe``, on the host) has
 found that the kernel on its inputs rounded to a narrower format explains
 its output (``inputs_bf16``, ``inputs_tf32``...), the site's later records
 try that one hypothesis alone (``ProbeCache``). For a primitive site the
-whole of that try runs in one x64 executable for every such site of a
-step: the hypothesis (the traceable golden kernel on the rounded inputs),
-the KUT's and golden's RMS distances to the float64 reference the screens
-already computed (``DeviceReferences`` keeps it on the device), the ratio
-``|t - h| / |t - r|`` of every element where ``t != r``, the KUT's distance
-to the hypothesis, and the hypothesis rounded to the output's dtype and
-split into float32 halves for its re-based Signature
-(``peat.analyzer.probe_signatures``). Only scalars come to the host, and
-the median ratio, exactly ``np.median``'s (``analyzer.signature.median``,
-a host callback on the ratio array).
+try's arithmetic runs in one x64 executable for every such site of a step,
+on the float64 reference and hypotheses the whole probe reads too
+(``ProbeReferences.device``: the same executable for the same sites, so
+the same values, left on the device): the KUT's and golden's RMS distances
+to the reference and the KUT's to the hypothesis, the ratio
+``|t - h| / |t - r|`` of every element where ``t != r``, and the
+hypothesis rounded to the output's dtype and split into float32 halves for
+its re-based Signature (``peat.analyzer.probe_signatures``). Only scalars
+and the ratio array come to the host, where the median ratio is exactly
+``np.median``'s (``analyzer.signature.median``).
 
-The answer is the host probe's (``port_probe(only=...)``): the same
-hypothesis values, the same median (bitwise), the RMS distances up to the
+The answer is the host probe's (``port_probe(only=...)``) on the same
+hypothesis: the median ratio bit for bit, the RMS distances up to the
 order of their sums (tests/profiler/playback_fi/test_carried_probe.py).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,6 @@ import numpy as np
 
 from peat_jax import analyzer as _analyzer
 from peat_jax.analyzer.signature import median as _median
-from peat_jax.profiler.playback_fi._probe_refs import rounded_input
 
 _F64 = jnp.float64
 #: bf16's smallest normal, and the spacing of its subnormals.
@@ -91,19 +91,16 @@ class Carried(NamedTuple):
   split: tuple
 
 
-def _median_kept(q: np.ndarray) -> np.ndarray:
-  """Host: the median of the ratio's kept elements (NaN marks the others;
-  a kept NaN ratio was made inf), inf when none is kept; as the float64's
-  two uint32 words (the callback runs outside the caller's x64 scope,
-  where a float64 result would be taken for a float32 one)."""
-  q = np.asarray(q)  # the callback may be handed a jax.Array: no jax ops
+def _median_kept(q: np.ndarray) -> float:
+  """The median of the ratio's kept elements (NaN marks the others; a
+  kept NaN ratio was made inf), inf when none is kept."""
   kept = q[~np.isnan(q)]
-  m = np.array(_median(kept) if kept.size else np.inf, np.float64)
-  return m.reshape(1).view(np.uint32)
+  return _median(kept) if kept.size else math.inf
 
 
 def _try(t, g, r, h):
-  """The carried try's figures and arrays of one record (traced, x64)."""
+  """The carried try's figures and arrays of one record (traced, x64):
+  ``((d_ref, d_gold, distance), ratios, (h in t's dtype, hi, lo))``."""
   t64, g64 = t.astype(_F64), g.astype(_F64)
   fin = jnp.isfinite(t64) & jnp.isfinite(r)
   # The three sums of squares and the count in one variadic reduction: one
@@ -118,55 +115,53 @@ def _try(t, g, r, h):
   keep = d_r > 0  # implies finite: elsewhere both are 0
   q = jnp.abs(t64 - h) / jnp.where(keep, d_r, 1.0)
   q = jnp.where(keep, jnp.where(jnp.isnan(q), jnp.inf, q), jnp.nan)
-  ratio = jax.lax.bitcast_convert_type(jax.pure_callback(
-      _median_kept, jax.ShapeDtypeStruct((2,), jnp.uint32), q), _F64)
   hi, lo = _analyzer.split_on_device(h)
-  return ((rms(ss_ref), rms(ss_gold), ratio, rms(ss_h)),
+  return ((rms(ss_ref), rms(ss_gold), rms(ss_h)), q,
           (nearest(h, t.dtype), hi, lo))
 
 
 class CarriedProbes:
-  """The carried try of a Player's primitive sites, one executable."""
+  """The carried tries of a Player's primitive sites, one executable."""
 
-  def __init__(self, fns: Sequence):
-    """Args: fns: per site its traceable golden kernel
-    (``peat.analyzer.reference_traced``, None where there is none)."""
-    self.fns = list(fns)
-
-    def run(keys, inputs, tests, goldens, refs):
-      out = []
-      for (i, fmt), xs, t, g, r in zip(keys, inputs, tests, goldens, refs):
-        h = self.fns[i](*[rounded_input(x, fmt) for x in xs])
-        out.append(_try(t, g, r, h))
-      return out
+  def __init__(self):
+    def run(keys, tests, goldens, refs, hyps):
+      del keys  # the executable's identity (sites and formats) only
+      return [_try(t, g, r, h)
+              for t, g, r, h in zip(tests, goldens, refs, hyps)]
 
     self._jit = jax.jit(run, static_argnums=0)
     self._compiled: dict = {}  # keys -> ahead-of-time executable
 
-  def prepare(self, keys: tuple[tuple[int, str], ...], inputs: list,
-              tests: list, goldens: list, refs: list) -> None:
-    """Compiles (does not run) the tries of ``keys`` for arrays of these
+  def prepare(self, keys: tuple[tuple[int, str], ...], tests: list,
+              goldens: list) -> None:
+    """Compiles (does not run) the tries of ``keys`` for outputs of these
     shapes and dtypes: playback calls it at the checkpoint whose whole
     probes find the hypotheses, so the later checkpoints that carry them
     run compiled code only (the first checkpoint pays the compilation,
     as it does the others')."""
-    if keys and keys not in self._compiled:
-      with jax.enable_x64(True):
-        self._compiled[keys] = self._jit.lower(
-            keys, inputs, tests, goldens, refs).compile()
+    if not keys or keys in self._compiled:
+      return
+    f64 = [jax.ShapeDtypeStruct(np.shape(t), _F64) for t in tests]
+    with jax.enable_x64(True):
+      self._compiled[keys] = self._jit.lower(
+          keys, tests, goldens, f64, f64).compile()
 
-  def __call__(self, keys: tuple[tuple[int, str], ...], inputs: list,
-               tests: list, goldens: list, refs: list) -> list[Carried]:
+  def __call__(self, keys: tuple[tuple[int, str], ...], tests: list,
+               goldens: list, refs: list, hyps: list) -> list[Carried]:
     """The tries of the sites ``keys`` (``(site index, format)`` each):
-    their input tuples, KUT and golden outputs and float64 references
+    their KUT and golden outputs, float64 references and hypotheses
     (device arrays); one dispatch, one transfer of the scalars."""
     if not keys:
       return []
     with jax.enable_x64(True):
       if keys in self._compiled:
-        got = self._compiled[keys](inputs, tests, goldens, refs)
+        got = self._compiled[keys](tests, goldens, refs, hyps)
       else:
-        got = self._jit(keys, inputs, tests, goldens, refs)
-      figures = jax.device_get([f for f, _ in got])
-    return [Carried(*(float(v) for v in f), split)
-            for f, (_, split) in zip(figures, got)]
+        got = self._jit(keys, tests, goldens, refs, hyps)
+      # The figures and the ratio arrays come to the host (the median is
+      # np.median's there); the re-based halves stay on the device.
+      figures = jax.device_get([(f, q) for f, q, _ in got])
+    return [Carried(float(d_ref), float(d_gold), _median_kept(q),
+                    float(dist), split)
+            for ((d_ref, d_gold, dist), q), (_, _, split)
+            in zip(figures, got)]

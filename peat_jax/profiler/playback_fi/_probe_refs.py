@@ -54,12 +54,18 @@ class ProbeReferences:
 
     self._jit = jax.jit(refs, static_argnums=0)
 
-  def __call__(self, which: tuple[int, ...], inputs: list) -> dict:
-    """Site index -> (float64 reference, {hypothesis name: float64 output})
-    as host arrays, for the sites ``which``."""
+  def device(self, which: tuple[int, ...], inputs: list) -> dict:
+    """Site index -> (float64 reference, {hypothesis name: float64
+    output}) as device arrays, for the sites ``which`` (the carried probe
+    reads them there: the same executable, so the same values, as the
+    whole probe's of the same sites)."""
     if not which:
       return {}
     with jax.enable_x64(True):
-      got = jax.device_get(self._jit(which, inputs))
+      return dict(zip(which, self._jit(which, inputs)))
+
+  def __call__(self, which: tuple[int, ...], inputs: list) -> dict:
+    """:meth:`device`'s arrays on the host."""
+    got = jax.device_get(self.device(which, inputs))
     return {i: (np.asarray(r), {k: np.asarray(v) for k, v in h.items()})
-            for i, (r, h) in zip(which, got)}
+            for i, (r, h) in got.items()}

@@ -72,10 +72,8 @@ class DeviceReferences:
 
   One jitted call (traced with x64) computes the references of the sites
   asked for and splits each into float32 (hi, lo) halves: neither the site
-  inputs nor any float64 array come to the host (the float64 reference
-  stays on the device for the carried port probe, :class:`CarriedProbes`).
-  Composite sites (no traceable golden kernel) keep the host path
-  (``site_reference``).
+  inputs nor any float64 array come to the host. Composite sites (no
+  traceable golden kernel) keep the host path (``site_reference``).
   """
 
   def __init__(self, sites: Sequence[tuple[_sites.Site, dict]]):
@@ -84,15 +82,18 @@ class DeviceReferences:
                 for site, params in sites]
     self.probe_refs = ProbeReferences(self.fns,
                                       [site.kernel for site, _ in sites])
-    self.carried = CarriedProbes(self.fns)
+    self.carried = CarriedProbes()
 
     def refs(which, inputs):
-      out = []
-      for i, xs in zip(which, inputs):
-        r = self.fns[i](*[x.astype(jnp.float64) for x in xs])
-        out.append((*_analyzer.split_on_device(r), r))
-      return out
+      return [_analyzer.split_on_device(
+          self.fns[i](*[x.astype(jnp.float64) for x in xs]))
+              for i, xs in zip(which, inputs)]
     self._jit = jax.jit(refs, static_argnums=0)
+
+  def probe_device(self, which: tuple[int, ...], inputs: list) -> dict:
+    """The probe's references of the sites ``which`` on the device
+    (``ProbeReferences.device``), for the carried tries."""
+    return self.probe_refs.device(which, inputs)
 
   def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     """Site ``i``'s tap is one plain call (not scan-stacked, one output)."""
@@ -102,8 +103,7 @@ class DeviceReferences:
                 for x, s in zip(tp.inputs, site.in_shapes)))
 
   def __call__(self, which: tuple[int, ...], inputs: list) -> list:
-    """``[(hi, lo, float64 reference)]`` (device arrays) of the sites
-    ``which`` from their input tuples."""
+    """``[(hi, lo)]`` of the sites ``which`` from their input tuples."""
     with jax.enable_x64(True):
       return self._jit(which, inputs)
 
@@ -117,7 +117,6 @@ class _Pending(NamedTuple):
   gold: Any
   ref: Any  # host float64 reference, or None (device halves instead)
   hilo: tuple | None  # device (hi, lo) of the reference
-  ref64: Any  # ... and the float64 reference itself (device), or None
   sig: Any  # the Signature (screened; completed once flagged)
   screen: Any  # its analyzer.Screen
 
@@ -135,9 +134,8 @@ def _device_screens(sites, refs: DeviceReferences) -> list[_Pending]:
   got = _analyzer.screen_split_many(
       [sites[i][2].kut for i, _ in ok], [sites[i][2].golden for i, _ in ok],
       [hl[0] for _, hl in ok], [hl[1] for _, hl in ok], to_host=True)
-  return [_Pending(i, None, sites[i][2].kut, sites[i][2].golden, None,
-                   hl[:2], hl[2], sig, scr)
-          for (i, hl), (sig, scr) in zip(ok, got)]
+  return [_Pending(i, None, sites[i][2].kut, sites[i][2].golden, None, hl,
+                   sig, scr) for (i, hl), (sig, scr) in zip(ok, got)]
 
 
 def _host_screens(i: int, site: _sites.Site, params: dict,
@@ -165,7 +163,7 @@ def _host_screens(i: int, site: _sites.Site, params: dict,
     # same record either way (not `analyzer.screen`'s size bucket).
     hi, lo = _host_halves(r, g)
     (sig, scr), = _analyzer.screen_split_many([t], [g], [hi], [lo])
-    out.append(_Pending(i, k, t, g, r, None, None, sig, scr))
+    out.append(_Pending(i, k, t, g, r, None, sig, scr))
   return out
 
 
@@ -310,11 +308,13 @@ def _carried_on_device(sites, tried: Sequence[tuple[_Pending, tuple]],
   if not tried:
     return {}
   fmts = [only[p.i][len("inputs_"):] for p, _ in tried]
+  which = tuple(p.i for p, _ in tried)
+  refs = device_refs.probe_device(which, [tuple(sites[i][2].inputs)
+                                          for i in which])
   got = device_refs.carried(
-      tuple((p.i, f) for (p, _), f in zip(tried, fmts)),
-      [tuple(sites[p.i][2].inputs) for p, _ in tried],
-      [p.test for p, _ in tried], [p.gold for p, _ in tried],
-      [p.ref64 for p, _ in tried])
+      tuple(zip(which, fmts)), [p.test for p, _ in tried],
+      [p.gold for p, _ in tried], [refs[i][0] for i in which],
+      [refs[p.i][1][only[p.i]] for p, _ in tried])
   kept = {}
   for (p, c), fmt, g in zip(tried, fmts, got):
     if not g.d_ref > _probes_api.BEYOND_GOLDEN * g.d_gold:
@@ -359,7 +359,7 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
   # A carried input-precision hypothesis of a site with a device float64
   # reference is tried on the device (CarriedProbes: scalars come back).
   on_device = {p.i for p in flagged if device_refs and p.i in light
-               and p.ref64 is not None and only[p.i].startswith("inputs_")}
+               and p.hilo is not None and only[p.i].startswith("inputs_")}
   pre = {}
   if device_refs:
     which = tuple(p.i for p, w, c in zip(flagged, want, carry)
@@ -428,15 +428,13 @@ def _prepare_carried(sites, records, probes, paths, device_refs) -> None:
   :func:`_carried_on_device` takes them."""
   tried = [(p, pr["name"][len("inputs_"):])
            for p, pr, path in zip(records, probes, paths)
-           if path in ("probe", "carried probe") and p.ref64 is not None
+           if path in ("probe", "carried probe") and p.hilo is not None
            and pr is not None and pr.get("explains")
            and str(pr.get("name", "")).startswith("inputs_")]
   if tried:
     device_refs.carried.prepare(
-        tuple((p.i, f) for p, f in tried),
-        [tuple(sites[p.i][2].inputs) for p, _ in tried],
-        [p.test for p, _ in tried], [p.gold for p, _ in tried],
-        [p.ref64 for p, _ in tried])
+        tuple((p.i, f) for p, f in tried), [p.test for p, _ in tried],
+        [p.gold for p, _ in tried])
 
 
 def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
@@ -601,6 +599,11 @@ class _SharedReferences:
 
   def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     return self._inner.usable(i, site, tp)
+
+  def probe_device(self, which: tuple[int, ...], inputs: list) -> dict:
+    """As ``DeviceReferences.probe_device`` (not shared: device arrays of
+    one call)."""
+    return self._inner.probe_device(which, inputs)
 
   @property
   def carried(self) -> CarriedProbes:

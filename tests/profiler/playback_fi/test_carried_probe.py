@@ -1,7 +1,8 @@
 """The carried port probe on the device answers as the host probe does.
 
 ``CarriedProbes`` tries a carried input-precision hypothesis of primitive
-sites in one x64 executable. On real matmul sites (a float32 and a bf16
+sites in one x64 executable (given the reference and the hypothesis on
+the device). On real matmul sites (a float32 and a bf16
 output; the KUT computing on bf16- or tf32-rounded inputs, and one
 computing in float32 with another order, which no rounding explains) its
 figures are ``port_probe(only=...)``'s on the host: the median ratio bit
@@ -75,6 +76,14 @@ def _matmul(out_dtype, fmt, seed: int):
   return (a, b), golden, test, r
 
 
+def _hypothesis(inputs, fmt):
+  """The kernel on its inputs rounded to ``fmt``, in float64 (as the
+  probe's reference function computes it)."""
+  a, b = (np.asarray(round_nearest(jnp.asarray(x), FORMATS[fmt]),
+                     np.float64) for x in inputs)
+  return a @ b
+
+
 def _host(inputs, golden, test, r, fmt):
   return analyzer.port_probe(
       "dot_general", inputs, {}, test, golden, r,
@@ -88,11 +97,11 @@ def _host(inputs, golden, test, r, fmt):
 def test_device_try_is_the_host_probe(out_dtype, kut_fmt, fmt):
   inputs, golden, test, r = _matmul(out_dtype, kut_fmt, seed=3)
   host = _host(inputs, golden, test, r, fmt)
-  probes = CarriedProbes([lambda x, y: x @ y])
+  probes = CarriedProbes()
   with jax.enable_x64(True):
-    dev_r = jnp.asarray(r)
-  (got,) = probes(((0, fmt),), [tuple(jnp.asarray(x) for x in inputs)],
-                  [jnp.asarray(test)], [jnp.asarray(golden)], [dev_r])
+    dev_r, dev_h = jnp.asarray(r), jnp.asarray(_hypothesis(inputs, fmt))
+  (got,) = probes(((0, fmt),), [jnp.asarray(test)], [jnp.asarray(golden)],
+                  [dev_r], [dev_h])
   if host is None:  # within golden's noise on the host: so on the device
     assert not got.d_ref > analyzer.probes.BEYOND_GOLDEN * got.d_gold
     return
@@ -120,12 +129,13 @@ def test_device_try_is_the_host_probe(out_dtype, kut_fmt, fmt):
 
 def test_no_element_differs_gives_an_infinite_ratio():
   inputs, golden, _, r = _matmul(np.float32, "bf16", seed=4)
-  probes = CarriedProbes([lambda x, y: x @ y])
+  probes = CarriedProbes()
   exact = r.astype(np.float32)
   with jax.enable_x64(True):
     dev_r = jnp.asarray(exact.astype(np.float64))  # t == r everywhere
-  (got,) = probes(((0, "bf16"),), [tuple(jnp.asarray(x) for x in inputs)],
-                  [jnp.asarray(exact)], [jnp.asarray(golden)], [dev_r])
+    dev_h = jnp.asarray(_hypothesis(inputs, "bf16"))
+  (got,) = probes(((0, "bf16"),), [jnp.asarray(exact)],
+                  [jnp.asarray(golden)], [dev_r], [dev_h])
   assert got.ratio == np.inf and got.d_ref == 0.0
 
 
