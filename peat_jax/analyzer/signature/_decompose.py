@@ -376,6 +376,8 @@ class Envelope(NamedTuple):
     theta_g: the golden envelope (``ENVELOPE_FACTOR`` x ...).
     new_nf: NaN/Inf in t where g is finite.
     beyond: elements beyond the golden envelope, or ``new_nf``.
+    z_max_test: max ``zt``.
+    n_beyond: int32: the elements ``beyond``.
     n_nonfinite_mismatch: int32: elements NaN or Inf in one of t, g only.
     has_ref: whether a reference was given (static).
   """
@@ -401,31 +403,10 @@ class Envelope(NamedTuple):
   theta_g: Array
   new_nf: Array
   beyond: Array
+  z_max_test: Array
+  n_beyond: Array
   n_nonfinite_mismatch: Array
   has_ref: bool
-
-
-def envelope_theta(golden_z: Array, dtype, has_ref: bool) -> Array:
-  """The golden envelope in units of ``u * scale`` from golden's largest
-  error ``golden_z`` (traced): ``ENVELOPE_FACTOR * max(golden_z,
-  ENVELOPE_MIN_Z)`` (the 16-bit constants for 16-bit records), or
-  ``NO_REFERENCE_Z`` without a reference.
-
-  Args:
-    golden_z: golden's largest error (the computation's float dtype).
-    dtype: the record's dtype.
-    has_ref: whether the record has a float64 reference.
-
-  Returns:
-    The envelope.
-  """
-  if not has_ref:
-    cdt = jnp.float64 if np.dtype(dtype) == np.float64 else jnp.float32
-    return jnp.asarray(NO_REFERENCE_Z, cdt)
-  factor, min_z = ((ENVELOPE16_FACTOR, ENVELOPE16_MIN_Z)
-                   if np.dtype(dtype).itemsize <= 2 else
-                   (ENVELOPE_FACTOR, ENVELOPE_MIN_Z))
-  return factor * jnp.maximum(golden_z, min_z)
 
 
 def envelope(t: Array, g: Array, ref_hi: Array | None,
@@ -477,16 +458,34 @@ def envelope(t: Array, g: Array, ref_hi: Array | None,
   eg = jnp.where(fp, jnp.abs((jnp.where(fin_g, gc, 0.0) - r) - lo), 0.0)
   zt = et / unit
   zg = eg / unit
-  golden_z = jnp.max(zg) if has_ref else jnp.float32(0)
-  theta_g = envelope_theta(golden_z, dtype, has_ref)
+  # The maxima, then the counts, each pair in one variadic reduction (on
+  # XLA:CPU every separate reduction materializes its input: the screen
+  # read the record's arrays once per fact). Maxima and integer sums do
+  # not depend on the order.
+  zero = jnp.zeros((), cdt)
+  z_max_test, zg_max = lax.reduce(
+      (zt, zg), (zero, zero),
+      lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), (0,))
+  if has_ref:
+    golden_z = zg_max
+    factor, min_z = ((ENVELOPE16_FACTOR, ENVELOPE16_MIN_Z)
+                     if dtype.itemsize <= 2 else
+                     (ENVELOPE_FACTOR, ENVELOPE_MIN_Z))
+    theta_g = factor * jnp.maximum(golden_z, min_z)
+  else:
+    golden_z = jnp.float32(0)
+    theta_g = jnp.asarray(NO_REFERENCE_Z, cdt)
   new_nf = fin_g & ~fin_t
   beyond = (fp & (zt > theta_g)) | new_nf
-  mismatch = jnp.sum(((jnp.isnan(tc) != jnp.isnan(gc)) |
-                      (jnp.isinf(tc) != jnp.isinf(gc))) & lay.valid,
-                     dtype=jnp.int32)
+  mismatch = ((jnp.isnan(tc) != jnp.isnan(gc)) |
+              (jnp.isinf(tc) != jnp.isinf(gc))) & lay.valid
+  n_beyond, n_mismatch = lax.reduce(
+      (beyond.astype(jnp.int32), mismatch.astype(jnp.int32)),
+      (jnp.int32(0), jnp.int32(0)),
+      lambda x, y: (x[0] + y[0], x[1] + y[1]), (0,))
   return Envelope(lay, t2, g2, tc, gc, fin_t, fin_g, r, lo, fp, row_rms,
                   scale, unit, et, eg, zt, zg, golden_z, theta_g, new_nf,
-                  beyond, mismatch, has_ref)
+                  beyond, z_max_test, n_beyond, n_mismatch, has_ref)
 
 
 def _sample_flat(lay: Layout) -> Array | None:
@@ -669,7 +668,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   f32 = lambda v: jnp.asarray(v, jnp.float32)
   return Decomposition(
       jnp.bool_(True), f32(theta), f32(theta_g), f32(golden_z), f32(zmed_t),
-      f32(zmed_g), f32(jnp.max(zt)), jnp.sum(beyond, dtype=jnp.int32), n_out,
+      f32(zmed_g), f32(e.z_max_test), e.n_beyond, n_out,
       jnp.sum(out & t0, dtype=jnp.int32), jnp.sum(flip1, dtype=jnp.int32),
       jnp.sum(flip2, dtype=jnp.int32), moved, nmatch, flip_bits, flip_up,
       out_bits_xor, out_lane, out_rows,

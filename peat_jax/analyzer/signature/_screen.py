@@ -17,10 +17,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax.numpy as jnp
-from jax import lax
 
 from peat_jax.analyzer.signature._decompose import envelope
-from peat_jax.analyzer.signature._decompose import envelope_theta
 from peat_jax.analyzer.signature._signature import Array
 
 
@@ -58,23 +56,6 @@ def screen_facts(t: Array, g: Array, ref_hi: Array | None,
     A :class:`Screen`, every field equal to the decomposition's.
   """
   e = envelope(t, g, ref_hi, ref_lo, dims)
-  # The envelope's maxima and counts, each pair in one variadic reduction
-  # (XLA on CPU materializes the input of every separate reduction: the
-  # screen read the record's arrays once per fact). Maxima and integer
-  # sums do not depend on the order: the decomposition's values exactly.
-  zero = jnp.zeros((), e.zt.dtype)
-  zt_max, zg_max = lax.reduce(
-      (e.zt, e.zg), (zero, zero),
-      lambda x, y: (jnp.maximum(x[0], y[0]), jnp.maximum(x[1], y[1])), (0,))
-  golden_z = zg_max if e.has_ref else e.golden_z
-  theta = envelope_theta(golden_z, t.dtype, e.has_ref)
-  beyond = (e.fp & (e.zt > theta)) | e.new_nf
-  mismatch = ((jnp.isnan(e.tc) != jnp.isnan(e.gc))
-              | (jnp.isinf(e.tc) != jnp.isinf(e.gc))) & e.lay.valid
-  n_beyond, n_mismatch = lax.reduce(
-      (beyond.astype(jnp.int32), mismatch.astype(jnp.int32)),
-      (jnp.int32(0), jnp.int32(0)),
-      lambda x, y: (x[0] + y[0], x[1] + y[1]), (0,))
   f32 = lambda v: jnp.asarray(v, jnp.float32)
-  return Screen(f32(zt_max), f32(golden_z), f32(theta), n_beyond,
-                n_mismatch)
+  return Screen(f32(e.z_max_test), f32(e.golden_z), f32(e.theta_g),
+                e.n_beyond, e.n_nonfinite_mismatch)

@@ -150,7 +150,8 @@ class CarriedProbes:
                goldens: list, refs: list, hyps: list) -> list[Carried]:
     """The tries of the sites ``keys`` (``(site index, format)`` each):
     their KUT and golden outputs, float64 references and hypotheses
-    (device arrays); one dispatch, one transfer of the scalars."""
+    (device arrays); one dispatch, one transfer of the scalars and the
+    ratio arrays."""
     if not keys:
       return []
     with jax.enable_x64(True):

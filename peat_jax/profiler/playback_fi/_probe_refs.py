@@ -23,7 +23,7 @@ from peat_jax import core as _core
 from peat_jax import injectors as _injectors
 
 
-def rounded_input(x, fmt: str):
+def _rounded(x, fmt: str):
   """The probe's input rounding (``analyzer.probes._ports._rounded``), traced:
   floating arrays to ``fmt`` by way of float32, as float64."""
   if x.ndim == 0 or not jnp.issubdtype(x.dtype, jnp.floating):
@@ -47,7 +47,7 @@ class ProbeReferences:
       out = []
       for i, xs in zip(which, inputs):
         f = self.fns[i]
-        hyps = {f"inputs_{fmt}": f(*[rounded_input(x, fmt) for x in xs])
+        hyps = {f"inputs_{fmt}": f(*[_rounded(x, fmt) for x in xs])
                 for fmt in _analyzer.probe_formats(self.kernels[i])}
         out.append((f(*[x.astype(jnp.float64) for x in xs]), hyps))
       return out

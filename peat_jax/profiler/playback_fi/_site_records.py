@@ -298,15 +298,20 @@ _ROUNDED_INPUTS = ("precision", "accumulation")
 
 
 def _carried_on_device(sites, tried: Sequence[tuple[_Pending, tuple]],
-                       only: dict, device_refs) -> dict:
+                       only: dict, device_refs) -> tuple[dict, dict]:
   """The device tries of carried input-precision hypotheses
-  (:class:`CarriedProbes`): ``{id(record): probe}`` of the records the
-  hypothesis still explains, each probe as ``port_probe(only=...)``
-  answers it, with ``carried_from`` and the hypothesis's device halves
-  (``hypothesis_split``) for its re-based Signature; the others are left
-  to the decomposition and the probe whole."""
+  (:class:`CarriedProbes`).
+
+  Returns:
+    ``({id(record): probe}, refs)``: the probes of the records the
+    hypothesis still explains, each as ``port_probe(only=...)`` answers
+    it, with ``carried_from`` and the hypothesis's device halves
+    (``hypothesis_split``) for its re-based Signature; and the probe's
+    device references of every tried site (``ProbeReferences.device``),
+    which the others, left to the decomposition and the probe whole, use.
+  """
   if not tried:
-    return {}
+    return {}, {}
   fmts = [only[p.i][len("inputs_"):] for p, _ in tried]
   which = tuple(p.i for p, _ in tried)
   refs = device_refs.probe_device(which, [tuple(sites[i][2].inputs)
@@ -325,7 +330,7 @@ def _carried_on_device(sites, tried: Sequence[tuple[_Pending, tuple]],
     if found["explains"]:
       kept[id(p)] = {**found, "hypothesis_split": g.split,
                      "carried_from": c[0]}
-  return kept
+  return kept, refs
 
 
 def _probes(sites, flagged: Sequence[_Pending], device_refs,
@@ -370,9 +375,13 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
     # compile another at the second checkpoint).
     pre = device_refs.probe_refs(which, [tuple(sites[i][2].inputs)
                                          for i in which])
-  kept = _carried_on_device(
+  kept, tried_refs = _carried_on_device(
       sites, [(p, c) for p, c in zip(flagged, carry) if p.i in on_device],
       only, device_refs)
+  # A device try that no longer explains: its probe whole reads the same
+  # references (on the host), not the host's own.
+  pre.update(jax.device_get({p.i: tried_refs[p.i] for p in flagged
+                             if p.i in on_device and id(p) not in kept}))
   for p, c in zip(flagged, carry):
     if p.i in light and p.i not in on_device:
       site, params, tp = sites[p.i]
