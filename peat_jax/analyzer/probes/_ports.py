@@ -311,13 +311,28 @@ def _gelu(x, approximate):
   return _f64(reference_gelu(x, approximate=approximate))
 
 
+#: The kinds whose probe tries known variants of their own (another
+#: constant, form or indexing) besides the input-precision hypotheses.
+FORM_KINDS = ("layer_norm", "softmax", "attention", "rms_norm", "rope",
+              "silu", "gelu")
+
+
+def precision_only(kind: str) -> bool:
+  """Whether the probe of a kind tries the input-precision hypotheses
+  alone (``probe_formats``), and reads no row order: its whole answer is
+  then the best of those, which playback tries on the device."""
+  return kind not in FORM_KINDS
+
+
 def _hypotheses(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                 test: np.ndarray,
                 reference_fn: Callable[..., Any] | None = None,
                 reference_args: Sequence[Any] | None = None) -> list[tuple]:
   """(model, name, sentence, float64 fn, fitted constant or None) of a
-  kind's known variants."""
+  kind's known variants (none outside ``FORM_KINDS``)."""
   out = []
+  if kind not in FORM_KINDS:
+    return out
   if kind == "layer_norm":
     x, scale, bias = (_f64(a) for a in args[:3])
     eps = float(kwargs.get("eps", args[3] if len(args) > 3 else 1e-6))

@@ -4,11 +4,11 @@ Private modules: ``_player`` (the jitted pair of steps, golden and
 substituted, with taps on identical inputs), ``_site_records`` (a
 checkpoint's records: references, the triage screen, the
 decomposition of flagged records, the port probe carried per site,
-diagnoses), ``_probe_refs``
-(the port probe's batched references), ``_invariance`` (the invariance
-checks of ``invariance=True``), ``_timing`` (per-phase timers) and
-``_playback`` (the driver over checkpoints: ``playback``,
-``playback_many``).
+diagnoses), ``_probe_refs`` (the port probe's input-precision
+hypotheses, an executable each), ``_carried_probe`` (the port probe's
+tries on the device), ``_invariance`` (the invariance checks of
+``invariance=True``), ``_timing`` (per-phase timers) and ``_playback``
+(the driver over checkpoints: ``playback``, ``playback_many``).
 """
 
 from peat_jax.profiler.playback_fi._site_records import ProbeCache as ProbeCache

@@ -1,23 +1,24 @@
-"""The carried port probe of playback's primitive sites, on the device.
+"""The port probe of playback's primitive sites, on the device.
 
-Once a site's whole probe (``peat.analyzer.port_probe``, on the host) has
-found that the kernel on its inputs rounded to a narrower format explains
-its output (``inputs_bf16``, ``inputs_tf32``...), the site's later records
-try that one hypothesis alone (``ProbeCache``). For a primitive site the
-try's arithmetic runs in one x64 executable for every such site of a step,
-on the float64 reference and hypotheses the whole probe reads too
-(``ProbeReferences.device``: the same executable for the same sites, so
-the same values, left on the device): the KUT's and golden's RMS distances
-to the reference and the KUT's to the hypothesis, the ratio
-``|t - h| / |t - r|`` of every element where ``t != r``, and the
-hypothesis rounded to the output's dtype and split into float32 halves for
-its re-based Signature (``peat.analyzer.probe_signatures``). Only scalars
-and the ratio array come to the host, where the median ratio is exactly
-``np.median``'s (``analyzer.signature.median``).
+The probe of a primitive site (a kind whose probe tries the
+input-precision hypotheses alone: ``peat.analyzer.precision_only``) runs on
+the device: every hypothesis (``inputs_bf16``, ``inputs_tf32``...) at the
+site's first record, and at its later records the one it found best
+(``ProbeCache``, carried). One x64 executable for every such try of a step
+reads the screen's float64 reference and the hypotheses
+(``DeviceReferences``, ``ProbeReferences``: an executable per site and
+format, so a carried try reads the values the whole probe read) and
+computes the KUT's and golden's RMS distances to the reference and the
+KUT's to the hypothesis, the ratio ``|t - h| / |t - r|`` of every element
+where ``t != r``, and the hypothesis rounded to the output's dtype and
+split into float32 halves for its re-based Signature
+(``peat.analyzer.probe_signatures``). Only scalars and the ratio array come
+to the host, where the median ratio is exactly ``np.median``'s
+(``analyzer.signature.median``).
 
-The answer is the host probe's (``port_probe(only=...)``) on the same
-hypothesis: the median ratio bit for bit, the RMS distances up to the
-order of their sums (tests/profiler/playback_fi/test_carried_probe.py).
+The answer is the host probe's (``port_probe``) on the same hypotheses:
+the median ratio bit for bit, the RMS distances up to the order of their
+sums (tests/profiler/playback_fi/test_carried_probe.py).
 """
 
 from __future__ import annotations

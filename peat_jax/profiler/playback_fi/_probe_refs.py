@@ -1,13 +1,17 @@
-"""The port probe's float64 references, on the device, for many sites.
+"""The port probe's input-precision hypotheses, on the device.
 
 For a primitive site whose signature calls for the port probe
-(``peat.analyzer.needs_probe``), the probe needs the site's float64
-reference and that reference on the inputs rounded to each probe format
-(``peat.analyzer.probe_formats``). One x64 executable computes them for
-every such site of a step; they come to the host once. The values are
+(``peat.analyzer.needs_probe``), the probe reads the site's float64
+reference (the screen's: ``DeviceReferences``) and that reference on the
+inputs rounded to each probe format (``peat.analyzer.probe_formats``). Each
+(site, format) hypothesis has an executable of its own: the whole probe
+of a site's first record and the carried try of one format at its later
+records run the same executable, so they read the same values (a float64
+convolution compiled in another program may differ in its last bits,
+which ``|t - h|`` at float32's rounding level magnifies to the ratio's 8th
+digit), and a carried try computes its own format alone. The values are
 those the host computes (the same float64 kernel on the same float64
-inputs, the same rounding: tests/profiler/playback_fi/test_playback_records_fixed.py
-compares the records byte for byte).
+inputs, the same rounding).
 """
 
 from __future__ import annotations
@@ -16,9 +20,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from peat_jax import analyzer as _analyzer
 from peat_jax import core as _core
 from peat_jax import injectors as _injectors
 
@@ -34,38 +36,22 @@ def _rounded(x, fmt: str):
 
 
 class ProbeReferences:
-  """The probe's references of a Player's primitive sites, on the device."""
+  """The input-precision hypotheses of a Player's primitive sites."""
 
-  def __init__(self, fns: Sequence, kernels: Sequence[str]):
+  def __init__(self, fns: Sequence):
     """Args: fns: per site its traceable golden kernel
-    (``peat.analyzer.reference_traced``, None where there is none);
-    kernels: per site its kernel name."""
+    (``peat.analyzer.reference_traced``, None where there is none)."""
     self.fns = list(fns)
-    self.kernels = list(kernels)
 
-    def refs(which, inputs):
-      out = []
-      for i, xs in zip(which, inputs):
-        f = self.fns[i]
-        hyps = {f"inputs_{fmt}": f(*[_rounded(x, fmt) for x in xs])
-                for fmt in _analyzer.probe_formats(self.kernels[i])}
-        out.append((f(*[x.astype(jnp.float64) for x in xs]), hyps))
-      return out
+    def hypothesis(key, xs):
+      i, fmt = key
+      return self.fns[i](*[_rounded(x, fmt) for x in xs])
 
-    self._jit = jax.jit(refs, static_argnums=0)
+    self._jit = jax.jit(hypothesis, static_argnums=0)
 
-  def device(self, which: tuple[int, ...], inputs: list) -> dict:
-    """Site index -> (float64 reference, {hypothesis name: float64
-    output}) as device arrays, for the sites ``which`` (the carried probe
-    reads them there: the same executable, so the same values, as the
-    whole probe's of the same sites)."""
-    if not which:
-      return {}
+  def device(self, keys: Sequence[tuple[int, str]], inputs: list) -> list:
+    """The float64 hypotheses ``inputs_<fmt>`` of the ``(site index,
+    format)`` keys from each key's site inputs: device arrays, one
+    executable per key (dispatched back to back)."""
     with jax.enable_x64(True):
-      return dict(zip(which, self._jit(which, inputs)))
-
-  def __call__(self, which: tuple[int, ...], inputs: list) -> dict:
-    """:meth:`device`'s arrays on the host."""
-    got = jax.device_get(self.device(which, inputs))
-    return {i: (np.asarray(r), {k: np.asarray(v) for k, v in h.items()})
-            for i, (r, h) in got.items()}
+      return [self._jit(tuple(k), xs) for k, xs in zip(keys, inputs)]

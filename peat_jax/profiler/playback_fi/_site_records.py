@@ -80,20 +80,23 @@ class DeviceReferences:
     """Args: sites: ``(site, params)`` per site, as in ``site_records``."""
     self.fns = [_analyzer.reference_traced(site.kernel, params)
                 for site, params in sites]
-    self.probe_refs = ProbeReferences(self.fns,
-                                      [site.kernel for site, _ in sites])
+    self.probe_refs = ProbeReferences(self.fns)
     self.carried = CarriedProbes()
 
     def refs(which, inputs):
-      return [_analyzer.split_on_device(
-          self.fns[i](*[x.astype(jnp.float64) for x in xs]))
-              for i, xs in zip(which, inputs)]
+      out = []
+      for i, xs in zip(which, inputs):
+        r = self.fns[i](*[x.astype(jnp.float64) for x in xs])
+        out.append((*_analyzer.split_on_device(r), r))
+      return out
     self._jit = jax.jit(refs, static_argnums=0)
 
-  def probe_device(self, which: tuple[int, ...], inputs: list) -> dict:
-    """The probe's references of the sites ``which`` on the device
-    (``ProbeReferences.device``), for the carried tries."""
-    return self.probe_refs.device(which, inputs)
+  def hypotheses(self, keys: Sequence[tuple[int, str]],
+                 inputs: list) -> list:
+    """The port probe's float64 hypotheses ``inputs_<fmt>`` of the
+    ``(site index, format)`` keys, device arrays
+    (``ProbeReferences.device``)."""
+    return self.probe_refs.device(keys, inputs)
 
   def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     """Site ``i``'s tap is one plain call (not scan-stacked, one output)."""
@@ -103,7 +106,9 @@ class DeviceReferences:
                 for x, s in zip(tp.inputs, site.in_shapes)))
 
   def __call__(self, which: tuple[int, ...], inputs: list) -> list:
-    """``[(hi, lo)]`` of the sites ``which`` from their input tuples."""
+    """``[(hi, lo, reference)]`` of the sites ``which`` from their input
+    tuples: the float64 reference's float32 halves and itself (the port
+    probe reads it), device arrays."""
     with jax.enable_x64(True):
       return self._jit(which, inputs)
 
@@ -117,6 +122,7 @@ class _Pending(NamedTuple):
   gold: Any
   ref: Any  # host float64 reference, or None (device halves instead)
   hilo: tuple | None  # device (hi, lo) of the reference
+  r64: Any  # the device float64 reference (with hilo), or None
   sig: Any  # the Signature (screened; completed once flagged)
   screen: Any  # its analyzer.Screen
 
@@ -134,8 +140,9 @@ def _device_screens(sites, refs: DeviceReferences) -> list[_Pending]:
   got = _analyzer.screen_split_many(
       [sites[i][2].kut for i, _ in ok], [sites[i][2].golden for i, _ in ok],
       [hl[0] for _, hl in ok], [hl[1] for _, hl in ok], to_host=True)
-  return [_Pending(i, None, sites[i][2].kut, sites[i][2].golden, None, hl,
-                   sig, scr) for (i, hl), (sig, scr) in zip(ok, got)]
+  return [_Pending(i, None, sites[i][2].kut, sites[i][2].golden, None,
+                   hl[:2], hl[2], sig, scr)
+          for (i, hl), (sig, scr) in zip(ok, got)]
 
 
 def _host_screens(i: int, site: _sites.Site, params: dict,
@@ -163,7 +170,7 @@ def _host_screens(i: int, site: _sites.Site, params: dict,
     # same record either way (not `analyzer.screen`'s size bucket).
     hi, lo = _host_halves(r, g)
     (sig, scr), = _analyzer.screen_split_many([t], [g], [hi], [lo])
-    out.append(_Pending(i, k, t, g, r, None, sig, scr))
+    out.append(_Pending(i, k, t, g, r, None, None, sig, scr))
   return out
 
 
@@ -204,7 +211,7 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None,
     return None  # scan-stacked taps: one probe per iteration is not kept
   inputs = [np.asarray(x) for x in tp.inputs]
   hyps = None
-  if pre is not None:  # computed on the device (profiler.playback._probe_refs)
+  if pre is not None:  # the device's (_probe_inputs)
     ref, hyps = pre
   if ref is None:
     ref = site_reference(site, params, inputs)
@@ -289,7 +296,7 @@ class ProbeCache:
     """Keeps a whole probe's answer (without its arrays)."""
     self._found[(name, cls)] = (step, None if probe is None else {
         k: v for k, v in probe.items()
-        if k not in ("hypothesis", "signature")})
+        if k not in ("hypothesis", "hypothesis_split", "signature")})
 
 
 #: Carried probes whose answer needs no decomposition of the record: the
@@ -297,40 +304,83 @@ class ProbeCache:
 _ROUNDED_INPUTS = ("precision", "accumulation")
 
 
-def _carried_on_device(sites, tried: Sequence[tuple[_Pending, tuple]],
-                       only: dict, device_refs) -> tuple[dict, dict]:
-  """The device tries of carried input-precision hypotheses
-  (:class:`CarriedProbes`).
+class _Try(NamedTuple):
+  """A flagged record's port probe tried on the device."""
+
+  p: _Pending
+  carried: tuple | None  # (step, probe) carried from (ProbeCache), or None
+  names: tuple[str, ...]  # the hypotheses tried (inputs_<fmt>), in order
+
+
+def _device_probes(sites, tries: Sequence[_Try], device_refs) -> dict:
+  """Port probes of primitive sites tried on the device
+  (:class:`CarriedProbes`): a carried input-precision hypothesis alone, or
+  every input-precision hypothesis of a site probed whole (a kind whose
+  probe tries nothing else: ``peat.analyzer.precision_only``), all in one
+  executable on the screen's float64 references and the hypotheses'
+  own executables (``ProbeReferences``).
 
   Returns:
-    ``({id(record): probe}, refs)``: the probes of the records the
-    hypothesis still explains, each as ``port_probe(only=...)`` answers
-    it, with ``carried_from`` and the hypothesis's device halves
-    (``hypothesis_split``) for its re-based Signature; and the probe's
-    device references of every tried site (``ProbeReferences.device``),
-    which the others, left to the decomposition and the probe whole, use.
+    ``{id(record): probe or None}``: the answers, each as ``port_probe``
+    gives it on the same hypotheses (None: within the golden kernel's
+    noise), a carried one with ``carried_from``; an explaining one with
+    the hypothesis's device halves (``hypothesis_split``) for its re-based
+    Signature. A carried try that no longer explains has no entry.
   """
-  if not tried:
-    return {}, {}
-  fmts = [only[p.i][len("inputs_"):] for p, _ in tried]
-  which = tuple(p.i for p, _ in tried)
-  refs = device_refs.probe_device(which, [tuple(sites[i][2].inputs)
-                                          for i in which])
+  if not tries:
+    return {}
+  flat = [(t, name) for t in tries for name in t.names]
+  keys = tuple((t.p.i, name[len("inputs_"):]) for t, name in flat)
+  hyps = device_refs.hypotheses(
+      keys, [tuple(sites[t.p.i][2].inputs) for t, _ in flat])
   got = device_refs.carried(
-      tuple(zip(which, fmts)), [p.test for p, _ in tried],
-      [p.gold for p, _ in tried], [refs[i][0] for i in which],
-      [refs[p.i][1][only[p.i]] for p, _ in tried])
-  kept = {}
-  for (p, c), fmt, g in zip(tried, fmts, got):
-    if not g.d_ref > _probes_api.BEYOND_GOLDEN * g.d_gold:
-      continue  # within golden's noise: port_probe finds nothing
+      keys, [t.p.test for t, _ in flat], [t.p.gold for t, _ in flat],
+      [t.p.r64 for t, _ in flat], hyps)
+  by_try: dict = {}
+  for (t, name), g in zip(flat, got):
+    by_try.setdefault(id(t), []).append((name, g))
+  out = {}
+  for t in tries:
+    tried = by_try[id(t)]
+    d_ref, d_gold = tried[0][1].d_ref, tried[0][1].d_gold
+    if not d_ref > _probes_api.BEYOND_GOLDEN * d_gold:
+      if t.carried is None:  # port_probe finds nothing
+        out[id(t.p)] = None
+      continue
+    best = None
+    for name, g in tried:  # the lowest ratio, the first on a tie
+      if best is None or g.ratio < best[1].ratio:
+        best = (name, g)
+    name, g = best
+    fmt = name[len("inputs_"):]
     found = _probes_api.probe_answer(
-        f"precision:{fmt}", only[p.i], _probes_api.precision_sentence(fmt),
-        [only[p.i]], g.ratio, g.distance, g.d_ref, g.d_gold)
+        f"precision:{fmt}", name, _probes_api.precision_sentence(fmt),
+        list(t.names), g.ratio, g.distance, d_ref, d_gold)
     if found["explains"]:
-      kept[id(p)] = {**found, "hypothesis_split": g.split,
-                     "carried_from": c[0]}
-  return kept, refs
+      found["hypothesis_split"] = g.split
+    if t.carried is None:
+      out[id(t.p)] = found
+    elif found["explains"]:
+      out[id(t.p)] = {**found, "carried_from": t.carried[0]}
+  return out
+
+
+def _probe_inputs(sites, pending: Sequence[_Pending], device_refs) -> dict:
+  """Site index -> (float64 reference, {hypothesis name: float64 output})
+  on the host, for the probe whole on the host of device-referenced
+  records (the screen's reference, the hypotheses' executables: the values
+  the device tries read)."""
+  if not pending:
+    return {}
+  keys = [(p.i, fmt) for p in pending
+          for fmt in _analyzer.probe_formats(sites[p.i][0].kernel)]
+  hyps = device_refs.hypotheses(
+      keys, [tuple(sites[i][2].inputs) for i, _ in keys])
+  refs, hyps = jax.device_get(([p.r64 for p in pending], hyps))
+  out = {p.i: (np.asarray(r), {}) for p, r in zip(pending, refs)}
+  for (i, fmt), h in zip(keys, hyps):
+    out[i][1][f"inputs_{fmt}"] = np.asarray(h)
+  return out
 
 
 def _probes(sites, flagged: Sequence[_Pending], device_refs,
@@ -341,13 +391,15 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
   A record whose site carries a probe that explained it by rounded inputs
   tries that hypothesis first, on its screened signature: where it still
   explains, the record is diagnosed without a decomposition of its own.
-  Every other flagged record is decomposed, then probed where its
-  signature calls for it: whole, or carrying its site's hypothesis
-  (:class:`ProbeCache`).
+  So is a record of a primitive site (a kind whose probe tries the
+  input-precision hypotheses alone) probed whole on the device, where
+  one of them explains it. Every other flagged record is decomposed, then
+  probed where its signature calls for it: whole, or carrying its site's
+  hypothesis (:class:`ProbeCache`).
 
   Returns:
     ``(records, probes, paths)``: the flagged records (decomposed, or
-    screened where a carried probe explains them), each one's probe
+    screened where a probe explains them by rounded inputs), each one's probe
     (None where none runs) and path: ``decomposition`` (no probe),
     ``probe`` (run whole) or ``carried probe``.
   """
@@ -361,27 +413,37 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
   light = {p.i for p, c in zip(flagged, carry)
            if p.i in only and c[1].get("explains")
            and str(c[1].get("model", "")).split(":")[0] in _ROUNDED_INPUTS}
-  # A carried input-precision hypothesis of a site with a device float64
-  # reference is tried on the device (CarriedProbes: scalars come back).
+  # The probe whole of a kind that tries nothing but rounded inputs runs
+  # before any decomposition: where it explains, the screen suffices.
+  whole = {p.i for p, w, c in zip(flagged, want, carry)
+           if w and c is None and not sites[p.i][0].composite
+           and _probes_api.precision_only(sites[p.i][0].kernel)}
+  # Those of sites with a device float64 reference, and the carried
+  # input-precision hypotheses of such sites, are tried on the device
+  # (CarriedProbes: scalars and ratios come back).
   on_device = {p.i for p in flagged if device_refs and p.i in light
                and p.hilo is not None and only[p.i].startswith("inputs_")}
-  pre = {}
-  if device_refs:
-    which = tuple(p.i for p, w, c in zip(flagged, want, carry)
-                  if w and p.hilo is not None and p.i not in on_device
-                  and (c is None or p.i in only))
-    # Every input-precision hypothesis of a site, carried or not: one
-    # executable for the campaign (a carried site's own subset would
-    # compile another at the second checkpoint).
-    pre = device_refs.probe_refs(which, [tuple(sites[i][2].inputs)
-                                         for i in which])
-  kept, tried_refs = _carried_on_device(
-      sites, [(p, c) for p, c in zip(flagged, carry) if p.i in on_device],
-      only, device_refs)
-  # A device try that no longer explains: its probe whole reads the same
-  # references (on the host), not the host's own.
-  pre.update(jax.device_get({p.i: tried_refs[p.i] for p in flagged
-                             if p.i in on_device and id(p) not in kept}))
+  on_device |= {p.i for p in flagged if device_refs and p.i in whole
+                and p.hilo is not None}
+  tries = [_Try(p, c, (only[p.i],) if c is not None else tuple(
+      f"inputs_{f}" for f in _analyzer.probe_formats(sites[p.i][0].kernel)))
+           for p, c in zip(flagged, carry) if p.i in on_device]
+  answers = _device_probes(sites, tries, device_refs)
+  # The device-referenced records probed on the host (another kind, a
+  # carried hypothesis of another kind, a device try that no longer
+  # explains) read the device's reference and hypotheses there.
+  pre = _probe_inputs(sites, [
+      p for p, w, c in zip(flagged, want, carry)
+      if w and p.hilo is not None and (
+          (p.i not in on_device and (c is None or p.i in only))
+          or (p.i in on_device and id(p) not in answers))], device_refs)
+  for p in flagged:  # the others probed whole before a decomposition
+    if p.i in whole and p.i not in on_device:
+      site, params, tp = sites[p.i]
+      answers[id(p)] = _port_probe(site, params, tp, p.sig, p.ref,
+                                   pre.get(p.i), screened=True)
+  kept = {k: v for k, v in answers.items()
+          if v is not None and v["explains"]}
   for p, c in zip(flagged, carry):
     if p.i in light and p.i not in on_device:
       site, params, tp = sites[p.i]
@@ -394,10 +456,12 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
   records, probes, paths = [], [], []
   for p, w, c, name in zip(flagged, want, carry, names):
     site, params, tp = sites[p.i]
-    if id(p) in kept:
+    if id(p) in kept:  # explained by rounded inputs, on its screen
       records.append(p)
       probes.append(kept[id(p)])
-      paths.append("carried probe")
+      paths.append("carried probe" if c is not None else "probe")
+      if c is None and cache is not None:
+        cache.keep(name, probe_class(p.sig), step, kept[id(p)])
       continue
     p = done[id(p)]
     records.append(p)
@@ -419,8 +483,13 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
         paths.append("carried probe")
         continue
     # No probe yet for the site, or its carried hypothesis answers
-    # otherwise: the probe whole.
-    found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i))
+    # otherwise: the probe whole (run before the decomposition already,
+    # where the kind tries rounded inputs alone: kept where the decomposed
+    # signature calls for it, as _port_probe does).
+    if id(p) in answers:
+      found = answers[id(p)] if _analyzer.needs_probe(p.sig) else None
+    else:
+      found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i))
     if cache is not None:
       cache.keep(name, probe_class(p.sig), step, found)
     probes.append(found)
@@ -434,7 +503,7 @@ def _prepare_carried(sites, records, probes, paths, device_refs) -> None:
   """Compiles now the device tries the next checkpoint will run: those of
   this step's device-referenced records whose hypothesis (found whole
   here, or carried) explains by rounded inputs, in the order
-  :func:`_carried_on_device` takes them."""
+  :func:`_device_probes` takes them."""
   tried = [(p, pr["name"][len("inputs_"):])
            for p, pr, path in zip(records, probes, paths)
            if path in ("probe", "carried probe") and p.hilo is not None
@@ -598,8 +667,8 @@ class _SharedReferences:
 
   A site's float64 reference depends only on its golden inputs, which are
   the same for every KUT played back from the same state: the first KUT
-  to ask for a site computes its ``(hi, lo)``, the others reuse it. The
-  cache lives for one checkpoint.
+  to ask for a site computes its ``(hi, lo, reference)`` (or a probe
+  hypothesis), the others reuse it. The cache lives for one checkpoint.
   """
 
   def __init__(self, inner: DeviceReferences, names: Sequence[str],
@@ -609,26 +678,24 @@ class _SharedReferences:
   def usable(self, i: int, site: _sites.Site, tp: _sites.Tap) -> bool:
     return self._inner.usable(i, site, tp)
 
-  def probe_device(self, which: tuple[int, ...], inputs: list) -> dict:
-    """As ``DeviceReferences.probe_device`` (not shared: device arrays of
-    one call)."""
-    return self._inner.probe_device(which, inputs)
-
   @property
   def carried(self) -> CarriedProbes:
     """The carried probe's tries (CarriedProbes): not shared (they read
     the KUT's output)."""
     return self._inner.carried
 
-  def probe_refs(self, which: tuple[int, ...], inputs: list) -> dict:
-    """The probe's references (ProbeReferences), shared the same way."""
-    key = lambda i: ("probe", self._names[i])
-    missing = tuple(i for i in which if key(i) not in self._cache)
+  def hypotheses(self, keys: Sequence[tuple[int, str]],
+                 inputs: list) -> list:
+    """As ``DeviceReferences.hypotheses``, shared the same way (device
+    arrays, per site and format)."""
+    key = lambda k: ("hypothesis", self._names[k[0]], k[1])
+    missing = [(k, xs) for k, xs in zip(keys, inputs)
+               if key(k) not in self._cache]
     if missing:
-      given = dict(zip(which, inputs))
-      got = self._inner.probe_refs(missing, [given[i] for i in missing])
-      self._cache.update((key(i), v) for i, v in got.items())
-    return {i: self._cache[key(i)] for i in which}
+      got = self._inner.hypotheses([k for k, _ in missing],
+                                   [xs for _, xs in missing])
+      self._cache.update((key(k), h) for (k, _), h in zip(missing, got))
+    return [self._cache[key(k)] for k in keys]
 
   def __call__(self, which: tuple[int, ...], inputs: list) -> list:
     missing = tuple(i for i in which if self._names[i] not in self._cache)

@@ -14,7 +14,9 @@ carried to its later records (``port.carried_from``, ``port.tried`` the
 carried hypothesis), which are not decomposed where it explains them by
 rounded inputs (their decomposition fields neutral but the screen's); the
 diagnoses, verdicts, ports' magnitudes and every other field are those of
-before, docs/profiler.md) holds the ``playback.msgpack`` of small campaigns on the
+before, docs/profiler.md; all four again when a primitive site's probe
+moved to the device: a first checkpoint's records that rounded inputs
+explain are not decomposed either, the rest as before) holds the ``playback.msgpack`` of small campaigns on the
 real CNN and a small GPT (``cases.py``): forward sites of a native conv2d
 and matmul KUT, composite sites (host references) and three KUTs played
 together, and the KUT's VJP at the backward sites. Each test makes the same

@@ -52,7 +52,12 @@ def test_the_port_probe_runs_once_per_site_and_is_carried(run, tmp_path):
     assert r["port"]["explains"] and r["port"]["name"] == "inputs_bf16"
     # Explained by rounded inputs: no decomposition of its own.
     assert not r["signature"]["decomposed"]
-  assert all(r["signature"]["decomposed"] for r in first)
+  # The first step's probe whole (a convolution: rounded inputs are all
+  # it tries) explains them too, before any decomposition.
+  for r in first:
+    assert r["port"]["explains"] and r["port"]["name"] == "inputs_bf16"
+    assert r["port"]["tried"] == ["inputs_bf16", "inputs_tf32"]
+    assert not r["signature"]["decomposed"]
   # Each later step played alone (a fresh campaign: the probe whole)
   # diagnoses the same, with the same magnitudes.
   for s in steps[1:]:
@@ -68,3 +73,64 @@ def test_the_port_probe_runs_once_per_site_and_is_carried(run, tmp_path):
       assert a["port"]["ratio"] == pytest.approx(m["port"]["ratio"],
                                                  rel=1e-9, abs=1e-12)
       assert a["port"]["distance"] == m["port"]["distance"]
+
+
+@pytest.fixture(scope="module")
+def run_bf16(tmp_path_factory):
+  """A ViT in bf16 mixed precision (bf16 sites), one checkpoint."""
+  task = models.get_task("vit_bf16", batch_size=8,
+                         model_kwargs=dict(dim=32, depth=1, heads=2))
+  g = peat.golden_train(task, tmp_path_factory.mktemp("tri16") / "golden",
+                        steps=1, checkpoint_every=1, evaluate=False)
+  return task, g
+
+
+@pytest.mark.parametrize("model,spec,select", [
+    ("run", "native:conv2d:in_bf16", None),
+    ("run", "native:conv2d:in_tf32", None),
+    ("run", "native:conv2d:acc_bf16", None),
+    ("run", "native:conv2d:rtz", None),
+    ("run_bf16", "native:matmul:acc_bf16", None),
+    ("run_bf16", "native:matmul:acc_bf16", "*Mlp*")])
+def test_the_whole_probe_answers_alike_on_the_device_and_the_host(
+    model, spec, select, request):
+  """A primitive site's probe whole runs before any decomposition: on
+  the device with its float64 references there, else on the host. Both
+  paths decide and diagnose a first checkpoint's records alike (the
+  values to the last bits of two float64 references), on a float32 CNN
+  and a bf16 ViT."""
+  from peat_jax.profiler.playback_fi._site_records import site_records
+  task, g = request.getfixturevalue(model)
+  variant = spec.rsplit(":", 1)[1]
+  state = peat.restore_state(g.checkpoint_dir, task, g.steps[0])
+  batch = task.batch_at(int(state.data_position))
+  player = profiler.Player(task, spec, state, batch, select=select)
+  taps = player._steps(state, batch)[0]  # pylint: disable=protected-access
+  sites = [(c.site, player._store[c.site.name], taps[c.site.name])
+           for c in player.calls]
+  dev = site_records(sites, spec, 0, player._refs())
+  host = site_records(sites, spec, 0, None)
+  assert [r["site"] for r in dev] == [r["site"] for r in host]
+  probed = 0
+  for d, h in zip(dev, host):
+    assert d["decided_by"] == h["decided_by"], d["site"]
+    assert d["diagnosis"]["model"] == h["diagnosis"]["model"]
+    assert d["diagnosis"]["verdict"] == h["diagnosis"]["verdict"]
+    assert d["signature"]["decomposed"] == h["signature"]["decomposed"]
+    assert ("port" in d) == ("port" in h)
+    if "port" not in d:
+      continue
+    probed += 1
+    for key in ("model", "name", "explains", "tried"):
+      assert d["port"][key] == h["port"][key], (d["site"], key)
+    for key in ("ratio", "distance", "reference_distance"):
+      assert d["port"][key] == pytest.approx(h["port"][key], rel=1e-6)
+    # Explained by rounded inputs: decided on the screen, no
+    # decomposition; otherwise decomposed first.
+    assert d["signature"]["decomposed"] == (not d["port"]["explains"])
+  if variant.startswith("in_"):  # explained, on the screen
+    assert probed == len(dev)
+    assert all(r["port"]["name"] == f"inputs_{variant[3:]}" for r in dev)
+  if variant == "acc_bf16":  # probed, no rounding of inputs explains it
+    assert probed and not any(r["port"]["explains"] for r in dev
+                              if "port" in r)

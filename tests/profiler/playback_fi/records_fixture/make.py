@@ -2,7 +2,12 @@
 rewritten at ea885b3, after the attention backward pairing fix of 1883063;
 cnn_conv2d and gpt_backward_kut again at d94508b, after eb10a7c; all four
 for issue 34's triage: the paths that decided the records, screened
-records without the decomposition, the port probe carried per site).
+records without the decomposition, the port probe carried per site; all
+four again for issue 34's probe of a primitive site on the device: a
+first checkpoint's records that rounded inputs explain are no longer
+decomposed (their decomposition fields neutral, as the carried ones'),
+the ports' float fields moved in their last bits (at most 1.2e-13
+relative), diagnoses, verdicts and paths as before).
 
   .venv/bin/python tests/profiler/playback_fi/records_fixture/make.py [case ...]
   .venv/bin/python tests/profiler/playback_fi/records_fixture/make.py --out=DIR [case ...]
