@@ -11,6 +11,7 @@ on the CNN scenario itself.
 
 import contextlib
 import io
+import shutil
 import types
 from unittest import mock
 
@@ -104,6 +105,16 @@ def profiled(tmp_path_factory):
       "--budget=6kB"])
   assert rc == 0, err
   return d, out
+
+
+@pytest.fixture
+def profiled_copy(profiled, tmp_path):
+  """A copy of the profiled campaign for a test that writes records into
+  it: the session's own stays as profiled whatever order the tests run in
+  (pytest-xdist's workers take the files in another order)."""
+  d = tmp_path / "campaign"
+  shutil.copytree(profiled[0], d)
+  return d
 
 
 @pytest.fixture(scope="session")

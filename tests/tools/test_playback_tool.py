@@ -19,8 +19,8 @@ def test_ops_playback_prints_eta_summary_and_verdict(ops_played, cli):
                                                     (1, cli.dense)]
 
 
-def test_model_playback_over_checkpoints(profiled, cli):
-  d, _ = profiled
+def test_model_playback_over_checkpoints(profiled_copy, cli):
+  d = profiled_copy
   rc, out, err = cli.run(playback, [f"--campaign_dir={d}", f"--kut={cli.kut}",
                                     "--checkpoints=0"])
   assert rc == 0, err

@@ -7,8 +7,8 @@ from peat_jax.tools import _cli
 from peat_jax.tools import runtime
 
 
-def test_runtime_sweep_prints_eta_and_table(profiled, cli):
-  d, _ = profiled
+def test_runtime_sweep_prints_eta_and_table(profiled_copy, cli):
+  d = profiled_copy
   rc, out, err = cli.run(runtime, [
       f"--campaign_dir={d}", f"--kut={cli.kut}", "--runtime_steps=3",
       "--frequencies=every,every_2", "--seeds=1"])
