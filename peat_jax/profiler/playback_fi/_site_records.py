@@ -463,6 +463,7 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
       if c is None and cache is not None:
         cache.keep(name, probe_class(p.sig), step, kept[id(p)])
       continue
+    tried = answers.get(id(p), False)  # False: not probed whole yet
     p = done[id(p)]
     records.append(p)
     if not w:
@@ -486,8 +487,8 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
     # otherwise: the probe whole (run before the decomposition already,
     # where the kind tries rounded inputs alone: kept where the decomposed
     # signature calls for it, as _port_probe does).
-    if id(p) in answers:
-      found = answers[id(p)] if _analyzer.needs_probe(p.sig) else None
+    if tried is not False:
+      found = tried if _analyzer.needs_probe(p.sig) else None
     else:
       found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i))
     if cache is not None:

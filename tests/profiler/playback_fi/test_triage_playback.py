@@ -93,13 +93,14 @@ def run_bf16(tmp_path_factory):
     ("run_bf16", "native:matmul:acc_bf16", None),
     ("run_bf16", "native:matmul:acc_bf16", "*Mlp*")])
 def test_the_whole_probe_answers_alike_on_the_device_and_the_host(
-    model, spec, select, request):
+    model, spec, select, request, monkeypatch):
   """A primitive site's probe whole runs before any decomposition: on
   the device with its float64 references there, else on the host. Both
   paths decide and diagnose a first checkpoint's records alike (the
   values to the last bits of two float64 references), on a float32 CNN
   and a bf16 ViT."""
-  from peat_jax.profiler.playback_fi._site_records import site_records
+  from peat_jax.profiler.playback_fi import _site_records
+  site_records = _site_records.site_records
   task, g = request.getfixturevalue(model)
   variant = spec.rsplit(":", 1)[1]
   state = peat.restore_state(g.checkpoint_dir, task, g.steps[0])
@@ -108,7 +109,13 @@ def test_the_whole_probe_answers_alike_on_the_device_and_the_host(
   taps = player._steps(state, batch)[0]  # pylint: disable=protected-access
   sites = [(c.site, player._store[c.site.name], taps[c.site.name])
            for c in player.calls]
+  on_host = []
+  probe = _site_records._port_probe
+  monkeypatch.setattr(_site_records, "_port_probe",
+                      lambda *a, **k: on_host.append(a[0].name) or probe(
+                          *a, **k))
   dev = site_records(sites, spec, 0, player._refs())
+  assert not on_host  # every probe of these primitive sites on the device
   host = site_records(sites, spec, 0, None)
   assert [r["site"] for r in dev] == [r["site"] for r in host]
   probed = 0
