@@ -1,8 +1,6 @@
 """--backward=golden|kut in the campaign tools (playback, runtime, scaleout,
 validate), end to end on the tiny task of conftest.py."""
 
-import shutil
-
 import pytest
 
 from peat_jax import profiler
@@ -16,18 +14,11 @@ from peat_jax.tools import validate
 BWD = "bwd/dot_general:0"
 
 
-@pytest.fixture
-def campaign(profiled, tmp_path):
-  """A copy of the profiled campaign (the other tools' tests read theirs)."""
-  d = tmp_path / "campaign"
-  shutil.copytree(profiled[0], d)
-  return d
-
-
 @pytest.mark.slow  # the tool's playback of every backward site (~20 s);
 # the library path runs in CI (tests/profiler/playback_fi/test_playback_backward.py)
-def test_playback_tool_records_and_summarizes_backward_sites(campaign, cli):
-  d = campaign
+def test_playback_tool_records_and_summarizes_backward_sites(profiled_copy,
+                                                            cli):
+  d = profiled_copy
   rc, out, err = cli.run(playback, [f"--campaign_dir={d}", f"--kut={cli.kut}",
                                     "--checkpoints=0", "--backward=kut"])
   assert rc == 0, err
@@ -55,8 +46,8 @@ def test_playback_tool_records_and_summarizes_backward_sites(campaign, cli):
     assert (BWD in out) == has_bwd
 
 
-def test_runtime_and_scaleout_tools_take_the_flag(campaign, cli):
-  d = campaign
+def test_runtime_and_scaleout_tools_take_the_flag(profiled_copy, cli):
+  d = profiled_copy
   rc, out, err = cli.run(runtime, [
       f"--campaign_dir={d}", f"--kut={cli.kut}", "--runtime_steps=2",
       "--frequencies=every", "--seeds=1", "--backward=kut"])

@@ -1,17 +1,12 @@
 """--invariance in peat-playback and peat-validate, on the tiny task of
 conftest.py."""
 
-import shutil
-
-import pytest
-
 from peat_jax import profiler
 from peat_jax.tools import playback
 
 
-def test_playback_tool_probes_the_sites(profiled, cli, tmp_path):
-  campaign = tmp_path / "campaign"  # a copy: the other tests read theirs
-  shutil.copytree(profiled[0], campaign)
+def test_playback_tool_probes_the_sites(profiled_copy, cli):
+  campaign = profiled_copy
   rc, out, err = cli.run(playback, [f"--campaign_dir={campaign}",
                                     f"--kut={cli.kut}", "--checkpoints=0",
                                     "--invariance"])

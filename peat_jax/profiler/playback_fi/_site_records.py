@@ -72,8 +72,10 @@ class DeviceReferences:
 
   One jitted call (traced with x64) computes the references of the sites
   asked for and splits each into float32 (hi, lo) halves: neither the site
-  inputs nor any float64 array come to the host. Composite sites (no
-  traceable golden kernel) keep the host path (``site_reference``).
+  inputs nor any float64 array come to the host (the float64 reference
+  stays on the device for the port probe's tries, :class:`CarriedProbes`).
+  Composite sites (no traceable golden kernel) keep the host path
+  (``site_reference``).
   """
 
   def __init__(self, sites: Sequence[tuple[_sites.Site, dict]]):
@@ -122,7 +124,7 @@ class _Pending(NamedTuple):
   gold: Any
   ref: Any  # host float64 reference, or None (device halves instead)
   hilo: tuple | None  # device (hi, lo) of the reference
-  r64: Any  # the device float64 reference (with hilo), or None
+  ref64: Any  # ... and the float64 reference itself (device), or None
   sig: Any  # the Signature (screened; completed once flagged)
   screen: Any  # its analyzer.Screen
 
@@ -335,7 +337,7 @@ def _device_probes(sites, tries: Sequence[_Try], device_refs) -> dict:
       keys, [tuple(sites[t.p.i][2].inputs) for t, _ in flat])
   got = device_refs.carried(
       keys, [t.p.test for t, _ in flat], [t.p.gold for t, _ in flat],
-      [t.p.r64 for t, _ in flat], hyps)
+      [t.p.ref64 for t, _ in flat], hyps)
   by_try: dict = {}
   for (t, name), g in zip(flat, got):
     by_try.setdefault(id(t), []).append((name, g))
@@ -376,7 +378,7 @@ def _probe_inputs(sites, pending: Sequence[_Pending], device_refs) -> dict:
           for fmt in _analyzer.probe_formats(sites[p.i][0].kernel)]
   hyps = device_refs.hypotheses(
       keys, [tuple(sites[i][2].inputs) for i, _ in keys])
-  refs, hyps = jax.device_get(([p.r64 for p in pending], hyps))
+  refs, hyps = jax.device_get(([p.ref64 for p in pending], hyps))
   out = {p.i: (np.asarray(r), {}) for p, r in zip(pending, refs)}
   for (i, fmt), h in zip(keys, hyps):
     out[i][1][f"inputs_{fmt}"] = np.asarray(h)
