@@ -20,6 +20,7 @@ from peat_jax.kernels._ffi import SIGNATURE_FLAG_SLOTS as SIGNATURE_FLAG_SLOTS
 from peat_jax.kernels._ffi import jax_platform as jax_platform
 from peat_jax.kernels._ffi import library_path as library_path
 from peat_jax.kernels._ffi import signature_pass as signature_pass
+from peat_jax.kernels._ffi import median_kept as median_kept
 from peat_jax.kernels._variants import EXPECTED_ERROR_MODEL as EXPECTED_ERROR_MODEL
 from peat_jax.kernels._variants import NONDETERMINISTIC as NONDETERMINISTIC
 from peat_jax.kernels._variants import variants as variants

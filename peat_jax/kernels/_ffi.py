@@ -57,6 +57,7 @@ _CPU_ONLY_TARGETS = {"PeatBrokenFwd": "peat_broken_fwd"}
 _CPU_TARGETS = {
     "PeatSignature": "peat_signature",
     "PeatSignatureRef": "peat_signature_ref",
+    "PeatMedianKept": "peat_median_kept",
 }
 
 # FFI platform name -> shared library file in peat_jax/kernels/.
@@ -367,6 +368,46 @@ def signature_pass(t: jax.Array, g: jax.Array, ref_hi: jax.Array | None,
   return jax.ffi.ffi_call("peat_signature_ref", outs,
                           vmap_method="sequential")(t, g, ref_hi, ref_lo,
                                                     dims)
+
+
+def median_kept(*xs: jax.Array) -> jax.Array:
+  """The exact median of each float64 array's kept elements (CPU only).
+
+  ``np.median(x[~np.isnan(x)])`` of every ``x`` bit for bit (the mean of
+  the two middle elements for an even count, +inf where nothing is kept),
+  in one native call whose arrays are shared among XLA's intra-op threads
+  (csrc/median.cc), traced: the port probe's ratios never leave the
+  device.
+
+  Args:
+    *xs: float64 arrays, NaN where an element is not kept; the kept ones
+      non-negative (+inf allowed).
+
+  Returns:
+    float64[len(xs)]: the medians, in order.
+
+  Raises:
+    PeatError: no array, an array that is not float64, or a library built
+      without csrc/median.cc. A negative kept element fails the call
+      (XLA's error names the input).
+  """
+  if not xs:
+    raise PeatError("median_kept of no array; pass one or more float64 "
+                    "arrays")
+  bad = [i for i, x in enumerate(xs) if jnp.dtype(x.dtype) != jnp.float64]
+  if bad:
+    raise PeatError(
+        f"median_kept: inputs {bad} are {[str(xs[i].dtype) for i in bad]}; "
+        "expected float64 (trace with jax.enable_x64(True))")
+  ensure_registered("cpu")
+  if not hasattr(_registered["cpu"], "PeatMedianKept"):
+    raise PeatError(
+        f"the native library {library_path('cpu')} was built without "
+        "csrc/median.cc; expected a library with PeatMedianKept. Rebuild "
+        "with `pip install --no-build-isolation -e .`.")
+  return jax.ffi.ffi_call("peat_median_kept",
+                          _sds((len(xs),), jnp.float64),
+                          vmap_method="sequential")(*xs)
 
 
 # ------------------------------------------------- a user's own library

@@ -7,7 +7,7 @@ Private modules, in the order a record flows through them: ``_checks``
 statistics pass: one read of the elements into a mergeable state);
 ``_native`` (the same pass as a native XLA FFI kernel, CPU); ``_layout``
 (a record flat in its size bucket, its rows and columns); ``_select``
-(an exact median in a few passes); ``_decompose`` (the noise-aware
+(an exact median in a few passes, or traced); ``_decompose`` (the noise-aware
 decomposition: a rounding envelope calibrated on the golden kernel, the
 outliers beyond it and their structure); ``_screen`` (the triage
 screen's envelope facts, from the decomposition's envelope); ``_finalize`` (state ->
@@ -33,6 +33,7 @@ from peat_jax.analyzer.signature._api import size_bucket as size_bucket
 from peat_jax.analyzer.signature._api import split_on_device as split_on_device
 from peat_jax.analyzer.signature._checks import split_reference as split_reference
 from peat_jax.analyzer.signature._select import median as median
+from peat_jax.analyzer.signature._select import medians_kept as medians_kept
 from peat_jax.analyzer.signature._signature import HIST_BUCKETS as HIST_BUCKETS
 from peat_jax.analyzer.signature._signature import LANES as LANES
 from peat_jax.analyzer.signature._signature import NARROW_FORMATS as NARROW_FORMATS

@@ -1,4 +1,5 @@
-"""The exact median of a large host array, in a few vectorized passes.
+"""The exact median of a large array: on the host in a few vectorized
+passes, or traced (:func:`medians_kept`).
 
 ``np.median`` partitions a copy of the whole array (introselect, ~10 ns an
 element here). The port probe takes the median of a ratio over every
@@ -9,13 +10,22 @@ the bracket and partitions only those inside it (a few thousand); where
 the bracket misses (an adversarial order of the values), it falls back to
 ``np.median``. Either way the value is ``np.median``'s, bit for bit: the
 same order statistics, averaged the same way.
+
+:func:`medians_kept` is the same value traced, of many arrays at once, so
+that playback's device tries bring home a scalar instead of a ratio
+array: on CPU the native kernel (``peat_jax.kernels.median_kept``:
+counts by the values' top bits, then a partition of the middle bins),
+elsewhere a sort.
 """
 
 from __future__ import annotations
 
 import math
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 #: Arrays up to this size go to np.median directly.
 _SMALL = 1 << 14
@@ -61,3 +71,38 @@ def median(x: np.ndarray) -> float:
   kth = [k - below for k in ks]
   vals = np.partition(inside, kth)[kth]
   return float(np.mean(vals))
+
+
+def medians_kept(xs) -> jax.Array:
+  """Medians of many float64 arrays' kept elements, traced (x64).
+
+  ``np.median(x[~np.isnan(x)])`` of each array bit for bit (the mean of
+  the two middle elements for an even count), +inf where nothing is kept.
+  The platform decides how, when lowering (`lax.platform_dependent`): on
+  CPU the native kernel, on other platforms a sort of each array (fast
+  there; XLA:CPU's sort is not).
+
+  Args:
+    xs: float64 arrays, NaN where an element is not kept; the kept ones
+      non-negative (+inf allowed): ratios.
+
+  Returns:
+    float64[len(xs)], in order.
+  """
+  from peat_jax import kernels as _kernels  # pylint: disable=g-import-not-at-top
+
+  xs = [x.reshape(-1) for x in xs]
+  return lax.platform_dependent(
+      *xs, cpu=lambda *a: _kernels.median_kept(*a),
+      default=lambda *a: jnp.stack([_sorted_median(x) for x in a]))
+
+
+def _sorted_median(x: jax.Array) -> jax.Array:
+  """The median of a flat array's non-NaN elements by a sort (NaN sort
+  last), as ``np.median`` averages the middle pair; +inf when none."""
+  s = jnp.sort(x)
+  m = jnp.sum(~jnp.isnan(x)).astype(jnp.int32)
+  lo = s[jnp.maximum((m - 1) // 2, 0)]
+  hi = s[jnp.maximum(m // 2, 0)]
+  med = jnp.where(m % 2 == 1, hi, (lo + hi) / 2)
+  return jnp.where(m == 0, jnp.inf, med)

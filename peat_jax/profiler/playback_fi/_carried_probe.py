@@ -12,9 +12,10 @@ computes the KUT's and golden's RMS distances to the reference and the
 KUT's to the hypothesis, the ratio ``|t - h| / |t - r|`` of every element
 where ``t != r``, and the hypothesis rounded to the output's dtype and
 split into float32 halves for its re-based Signature
-(``peat.analyzer.probe_signatures``). Only scalars and the ratio array come
-to the host, where the median ratio is exactly ``np.median``'s
-(``analyzer.signature.median``).
+(``peat.analyzer.probe_signatures``), and the median of every ratio
+array, exactly ``np.median``'s (``analyzer.signature.medians_kept``: on
+CPU a native kernel over all the tries' ratios at once): only scalars
+come to the host.
 
 The answer is the host probe's (``port_probe``) on the same hypotheses:
 the median ratio bit for bit, the RMS distances up to the order of their
@@ -23,7 +24,6 @@ sums (tests/profiler/playback_fi/test_carried_probe.py).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import analyzer as _analyzer
-from peat_jax.analyzer.signature import median as _median
+from peat_jax.analyzer.signature import medians_kept as _medians_kept
 
 _F64 = jnp.float64
 #: bf16's smallest normal, and the spacing of its subnormals.
@@ -92,13 +92,6 @@ class Carried(NamedTuple):
   split: tuple
 
 
-def _median_kept(q: np.ndarray) -> float:
-  """The median of the ratio's kept elements (NaN marks the others; a
-  kept NaN ratio was made inf), inf when none is kept."""
-  kept = q[~np.isnan(q)]
-  return _median(kept) if kept.size else math.inf
-
-
 def _try(t, g, r, h):
   """The carried try's figures and arrays of one record (traced, x64):
   ``((d_ref, d_gold, distance), ratios, (h in t's dtype, hi, lo))``."""
@@ -127,8 +120,10 @@ class CarriedProbes:
   def __init__(self):
     def run(keys, tests, goldens, refs, hyps):
       del keys  # the executable's identity (sites and formats) only
-      return [_try(t, g, r, h)
-              for t, g, r, h in zip(tests, goldens, refs, hyps)]
+      got = [_try(t, g, r, h)
+             for t, g, r, h in zip(tests, goldens, refs, hyps)]
+      return ([(f, split) for f, _, split in got],
+              _medians_kept([q for _, q, _ in got]))
 
     self._jit = jax.jit(run, static_argnums=0)
     self._compiled: dict = {}  # keys -> ahead-of-time executable
@@ -151,8 +146,7 @@ class CarriedProbes:
                goldens: list, refs: list, hyps: list) -> list[Carried]:
     """The tries of the sites ``keys`` (``(site index, format)`` each):
     their KUT and golden outputs, float64 references and hypotheses
-    (device arrays); one dispatch, one transfer of the scalars and the
-    ratio arrays."""
+    (device arrays); one dispatch, one transfer of the scalars."""
     if not keys:
       return []
     with jax.enable_x64(True):
@@ -160,10 +154,11 @@ class CarriedProbes:
         got = self._compiled[keys](tests, goldens, refs, hyps)
       else:
         got = self._jit(keys, tests, goldens, refs, hyps)
-      # The figures and the ratio arrays come to the host (the median is
-      # np.median's there); the re-based halves stay on the device.
-      figures = jax.device_get([(f, q) for f, q, _ in got])
-    return [Carried(float(d_ref), float(d_gold), _median_kept(q),
-                    float(dist), split)
-            for ((d_ref, d_gold, dist), q), (_, _, split)
-            in zip(figures, got)]
+      tries, medians = got
+      # The figures come to the host; the re-based halves stay on the
+      # device.
+      figures, medians = jax.device_get(([f for f, _ in tries], medians))
+    return [Carried(float(d_ref), float(d_gold), float(ratio), float(dist),
+                    split)
+            for (d_ref, d_gold, dist), ratio, (_, split)
+            in zip(figures, medians, tries)]
