@@ -46,6 +46,10 @@ def pytest_configure(config):
   # absl flags are unparsed under pytest; tools' tests parse explicit lists.
   flags.FLAGS.mark_as_parsed()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  # Tools run here compile into no persistent cache (a test of the cache
+  # names its own directory): what a test measures or counts is compiled
+  # by it, whatever an earlier run left in the user's cache.
+  os.environ["PEAT_JAX_COMPILATION_CACHE"] = ""
 
 
 # The user's own code, as a kernel engineer's repository would hold it: a

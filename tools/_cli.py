@@ -15,6 +15,7 @@ ETA), :func:`table` (the summary table printed at the end), :func:`parse_bytes`
 :func:`define_invariance_flag` (``--invariance``),
 :func:`define_fuzz_flags` (``--fuzz``, ``--fuzz_budget``, ``--fuzz_seed``,
 ``--fuzz_families``: the shapes beyond training; :func:`parse_fuzz_budget`),
+``--compilation_cache`` (every tool: :func:`run` defines and applies it),
 :func:`define_fail_on` and :func:`exit_status` (``--fail_on``: exit status 1
 when the verdict, or the fuzz verdict, reaches it),
 :func:`campaign_dir_and_checkpoints` (the campaign tools' required
@@ -57,6 +58,7 @@ def run(main: Callable[[list[str]], int], flag_values: flags.FlagValues,
     argv: command line (default ``sys.argv``).
   """
   argv = list(sys.argv if argv is None else argv)
+  _define_compilation_cache(flag_values)
   if any(a in _HELP for a in argv[1:]):
     print((doc or "").strip() + "\n\nflags:\n" + flag_values.get_help())
     sys.exit(0)
@@ -71,9 +73,31 @@ def run(main: Callable[[list[str]], int], flag_values: flags.FlagValues,
     sys.exit(2)
   if stray(rest) is not None:
     sys.exit(2)
+  from peat_jax import core as peat_core  # pylint: disable=g-import-not-at-top
+  try:
+    peat_core.use_compilation_cache(flag_values["compilation_cache"].value)
+  except peat_core.PeatError as e:
+    print(f"error: --compilation_cache: {e}", file=sys.stderr)
+    sys.exit(2)
   logging.use_absl_handler()
   logging.set_verbosity(logging.WARNING)
   sys.exit(main(rest))
+
+
+def _define_compilation_cache(flag_values: flags.FlagValues) -> None:
+  """Defines ``--compilation_cache`` in a tool's flags (once)."""
+  if "compilation_cache" in flag_values:
+    return
+  from peat_jax import core as peat_core  # pylint: disable=g-import-not-at-top
+  flags.DEFINE_string(
+      "compilation_cache", peat_core.default_compilation_cache(),
+      "Directory of the persistent cache of compiled executables: a "
+      "campaign run again, a worker after a crash, a site replayed alone "
+      "load what an earlier process compiled instead of compiling it "
+      "again (peat_jax.core.use_compilation_cache). Empty: no cache. Default: "
+      "$PEAT_JAX_COMPILATION_CACHE when set, else "
+      "$XDG_CACHE_HOME/peat_jax/xla or ~/.cache/peat_jax/xla.",
+      flag_values=flag_values)
 
 
 def stray(argv: list[str]) -> int | None:

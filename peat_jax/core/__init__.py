@@ -4,10 +4,13 @@ Private modules: ``_errors`` (the exception types), ``_imports`` (the
 user's own modules named by KUT specs and tasks), ``_formats`` (unit
 roundoff, range and bit layout of every format: the one home of those
 facts), ``_mappings`` (compiled code against the kernel's limit on a
-process's memory mappings) and ``_version`` (peat_jax's version). Everything else in peat_jax imports from here,
+process's memory mappings), ``_compile_cache`` (the persistent cache of
+compiled executables) and ``_version`` (peat_jax's version). Everything else in peat_jax imports from here,
 never the other way round.
 """
 
+from peat_jax.core._compile_cache import default_compilation_cache as default_compilation_cache
+from peat_jax.core._compile_cache import use_compilation_cache as use_compilation_cache
 from peat_jax.core._errors import CheckpointError as CheckpointError
 from peat_jax.core._errors import PeatError as PeatError
 from peat_jax.core._formats import DTYPE_CODE as DTYPE_CODE

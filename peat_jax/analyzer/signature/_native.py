@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -23,6 +24,14 @@ _NATIVE_FLOATS = (
 _NATIVE_REF_COUNTS = ("ref_n", "ref_t_closer", "ref_g_closer",
                       "ref_t_shrunk", "ref_t_grown", "ref_g_shrunk",
                       "ref_g_grown")
+
+
+def cpu_only() -> bool:
+  """Whether JAX runs on CPU alone (its default backend is the CPU: no
+  accelerator was found or allowed), so that what is traced now runs on
+  the CPU: the native kernels can be traced directly instead of as one
+  branch of `lax.platform_dependent`, which traces every branch."""
+  return jax.default_backend() == "cpu"
 
 
 def _accumulate_native(t: Array, g: Array, ref_hi: Array | None,

@@ -78,9 +78,10 @@ def medians_kept(xs) -> jax.Array:
 
   ``np.median(x[~np.isnan(x)])`` of each array bit for bit (the mean of
   the two middle elements for an even count), +inf where nothing is kept.
-  The platform decides how, when lowering (`lax.platform_dependent`): on
-  CPU the native kernel, on other platforms a sort of each array (fast
-  there; XLA:CPU's sort is not).
+  On CPU the native kernel, on other platforms a sort of each array (fast
+  there; XLA:CPU's sort is not): where JAX runs on CPU alone the kernel
+  is traced directly, otherwise `lax.platform_dependent` chooses when
+  lowering.
 
   Args:
     xs: float64 arrays, NaN where an element is not kept; the kept ones
@@ -90,8 +91,11 @@ def medians_kept(xs) -> jax.Array:
     float64[len(xs)], in order.
   """
   from peat_jax import kernels as _kernels  # pylint: disable=g-import-not-at-top
+  from peat_jax.analyzer.signature._native import cpu_only  # pylint: disable=g-import-not-at-top
 
   xs = [x.reshape(-1) for x in xs]
+  if cpu_only():
+    return _kernels.median_kept(*xs)
   return lax.platform_dependent(
       *xs, cpu=lambda *a: _kernels.median_kept(*a),
       default=lambda *a: jnp.stack([_sorted_median(x) for x in a]))
