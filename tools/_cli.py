@@ -74,11 +74,16 @@ def run(main: Callable[[list[str]], int], flag_values: flags.FlagValues,
   if stray(rest) is not None:
     sys.exit(2)
   from peat_jax import core as peat_core  # pylint: disable=g-import-not-at-top
+  cache = flag_values["compilation_cache"]
   try:
-    peat_core.use_compilation_cache(flag_values["compilation_cache"].value)
+    peat_core.use_compilation_cache(cache.value)
   except peat_core.PeatError as e:
-    print(f"error: --compilation_cache: {e}", file=sys.stderr)
-    sys.exit(2)
+    if cache.present:  # asked for: refused
+      print(f"error: --compilation_cache: {e}", file=sys.stderr)
+      sys.exit(2)
+    # The default directory unusable (a read-only home): said, and the
+    # tool runs without a cache.
+    print(f"warning: no compilation cache: {e}", file=sys.stderr)
   logging.use_absl_handler()
   logging.set_verbosity(logging.WARNING)
   sys.exit(main(rest))

@@ -129,3 +129,20 @@ def test_a_tool_refuses_a_bad_cache_before_running(tmp_path, capsys):
   assert e.value.code == 2
   assert "error: --compilation_cache:" in capsys.readouterr().err
   assert jax.config.jax_compilation_cache_dir is None
+
+
+def test_a_tool_warns_and_runs_without_an_unusable_default(
+    tmp_path, capsys, monkeypatch):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from peat_jax.tools import _cli  # pylint: disable=g-import-not-at-top
+  afile = tmp_path / "f"
+  afile.write_text("x")
+  monkeypatch.setenv("PEAT_JAX_COMPILATION_CACHE", str(afile))
+  ran = []
+  with pytest.raises(SystemExit) as e:  # a tool's own fresh flags
+    _cli.run(lambda argv: ran.append(argv) or 0, flags.FlagValues(), "doc",
+             argv=["tool"])
+  assert e.value.code == 0 and ran == [["tool"]]
+  err = capsys.readouterr().err
+  assert "warning: no compilation cache:" in err and str(afile) in err
+  assert jax.config.jax_compilation_cache_dir is None
