@@ -122,6 +122,12 @@ ffi::Error MedianKeptImpl(ffi::ThreadPool pool, ffi::RemainingArgs args,
     }
     xs[i] = static_cast<const double*>(a->untyped_data());
     ns[i] = static_cast<int64_t>(a->element_count());
+    if (ns[i] > std::numeric_limits<int32_t>::max()) {  // int32 bin counts
+      return ffi::Error::InvalidArgument(
+          "peat_median_kept: input " + std::to_string(i) + " has " +
+          std::to_string(ns[i]) + " elements; at most 2**31 - 1 per array "
+          "(split it)");
+    }
   }
   double* med = out->typed_data<double>();
   std::vector<char> ok(k, 1);
