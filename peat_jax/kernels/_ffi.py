@@ -150,6 +150,18 @@ def ensure_registered(platform: str | None = None) -> str:
     return platform
 
 
+def _require_cpu_symbol(symbol: str, source: str, what: str = "") -> None:
+  """Registers the CPU library's targets; raises where the library was
+  built before ``source`` and lacks ``symbol`` (its optional targets are
+  registered only when present: ``ensure_registered``)."""
+  ensure_registered("cpu")
+  if not hasattr(_registered["cpu"], symbol):
+    raise PeatError(
+        f"the native library {library_path('cpu')} was built without "
+        f"{source}{what}; expected a library with {symbol}. Rebuild with "
+        "`pip install --no-build-isolation -e .`.")
+
+
 def _call(target, result_shapes, *args, **attrs):
   ensure_registered()
   return jax.ffi.ffi_call(target, result_shapes, vmap_method=_VMAP)(*args,
@@ -294,11 +306,7 @@ def broken_fwd(x: jax.Array, w: jax.Array, out: jax.ShapeDtypeStruct,
     raise PeatError(
         f"the deliberately broken kernels are built for the CPU only; jax "
         f"runs on {jax.default_backend()}. Run them with JAX_PLATFORMS=cpu.")
-  ensure_registered("cpu")
-  if not hasattr(_registered["cpu"], "PeatBrokenFwd"):
-    raise PeatError(
-        f"the native library {library_path('cpu')} was built without "
-        "csrc/broken.cc. Rebuild with `pip install --no-build-isolation -e .`.")
+  _require_cpu_symbol("PeatBrokenFwd", "csrc/broken.cc")
   return _call("peat_broken_fwd", out, x, w, mode=np.int32(mode))
 
 
@@ -337,13 +345,8 @@ def signature_pass(t: jax.Array, g: jax.Array, ref_hi: jax.Array | None,
     int32[12]) with c float64 for float64 records, else float32; layouts
     in csrc/signature.h.
   """
-  ensure_registered("cpu")
-  if not hasattr(_registered["cpu"], "PeatSignature"):
-    raise PeatError(
-        f"the native library {library_path('cpu')} was built without "
-        "csrc/signature.cc (the Analyzer's CPU statistics pass); expected a "
-        "library with PeatSignature. Rebuild with `pip install "
-        "--no-build-isolation -e .`.")
+  _require_cpu_symbol("PeatSignature", "csrc/signature.cc",
+                      " (the Analyzer's CPU statistics pass)")
   if dims is None:
     rows, cols = t.shape
     dims = np.array([rows, cols], np.int32)
@@ -399,12 +402,7 @@ def median_kept(*xs: jax.Array) -> jax.Array:
     raise PeatError(
         f"median_kept: inputs {bad} are {[str(xs[i].dtype) for i in bad]}; "
         "expected float64 (trace with jax.enable_x64(True))")
-  ensure_registered("cpu")
-  if not hasattr(_registered["cpu"], "PeatMedianKept"):
-    raise PeatError(
-        f"the native library {library_path('cpu')} was built without "
-        "csrc/median.cc; expected a library with PeatMedianKept. Rebuild "
-        "with `pip install --no-build-isolation -e .`.")
+  _require_cpu_symbol("PeatMedianKept", "csrc/median.cc")
   return jax.ffi.ffi_call("peat_median_kept",
                           _sds((len(xs),), jnp.float64),
                           vmap_method="sequential")(*xs)

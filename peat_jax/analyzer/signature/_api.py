@@ -499,7 +499,7 @@ def _bucketed() -> bool:
   statistics pass is the native kernel (it reads the record's (R, C) at
   run time); other platforms trace each record shape (the pure-JAX
   pass)."""
-  return jax.default_backend() == "cpu"
+  return cpu_only()
 
 
 def _padded(kind: str, test, golden, ref_hi, ref_lo, shape, dtype):
