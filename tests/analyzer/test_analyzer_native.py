@@ -19,6 +19,9 @@ The pure-JAX pass gets its bit patterns from a separate executable
 """
 
 import math
+import os
+import subprocess
+import sys
 import threading
 import zlib
 
@@ -327,3 +330,84 @@ def test_handler_rejects_bad_buffers():
   x = jnp.ones((4, 8), jnp.int32)
   with pytest.raises(Exception, match="expected float32, bfloat16"):
     jax.block_until_ready(_ffi.signature_pass(x, x, None, None))
+
+
+# Each instruction-set level of the native pass (AVX-512, AVX2, baseline:
+# vectors of 64, 32 and 16 bytes) in a child process that picks it with
+# $PEAT_SIGNATURE_ISA: the states of the records below, one .npz per level.
+_LEVEL_SHAPES = (((16, 32), True), ((300, 257), True), ((7,), False))
+_LEVEL_CHILD = r"""
+import importlib.util, sys
+import jax, numpy as np
+spec = importlib.util.spec_from_file_location("native_test", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+out = {}
+for name in mod.DTYPES:
+  for i, (shape, with_ref) in enumerate(mod._LEVEL_SHAPES):
+    t, g, ref = mod._pair(name, shape, seed=5 + i)
+    with mod._x64(t.dtype):
+      hi = lo = None
+      if with_ref:
+        hi, lo = mod.checks.split_reference(ref, t.shape, batched=False)
+      st = jax.device_get(jax.jit(mod.native_pass._accumulate_native)(
+          t, g, hi, lo))
+    for f in mod.F:
+      out[f"{name}/{i}/{f}"] = np.asarray(getattr(st, f))
+np.savez(sys.argv[2], **out)
+"""
+
+
+def _level_states(level, tmp_path):
+  """The child's states at ``level`` (None: the level this CPU lacks)."""
+  out = tmp_path / f"{level}.npz"
+  env = dict(os.environ, PEAT_SIGNATURE_ISA=level)
+  run = subprocess.run([sys.executable, "-c", _LEVEL_CHILD, __file__,
+                        str(out)], env=env, capture_output=True, text=True,
+                       timeout=600, check=False)
+  if "is not an instruction-set level this CPU runs" in run.stderr:
+    return None
+  assert run.returncode == 0, run.stderr[-3000:]
+  with np.load(out) as z:
+    return {k: z[k] for k in z.files}
+
+
+def _state_of(states, name, i):
+  return analyzer.SignatureState(**{f: states[f"{name}/{i}/{f}"] for f in F})
+
+
+def test_every_instruction_set_level_equals_pure_jax(tmp_path):
+  """Each level this CPU runs (the baseline always) against the pure-JAX
+  pass within the stated tolerances, and against the others: integer
+  fields (counts, bit counts, hashes, histograms) bitwise, floats within
+  the tolerances (their lane sums group elements differently). Threads,
+  ragged tails and a record shorter than one vector at every width."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("the native pass is the CPU path")
+  levels = {lv: _level_states(lv, tmp_path)
+            for lv in ("avx512", "avx2", "base")}
+  ran = {lv: st for lv, st in levels.items() if st is not None}
+  assert "base" in ran
+  first = next(iter(ran))
+  for name in DTYPES:
+    for i, (shape, with_ref) in enumerate(_LEVEL_SHAPES):
+      t, g, ref = _pair(name, shape, seed=5 + i)
+      if i == 0:  # the pure-JAX pass compiles quickly at this size only
+        _, pure = _states(t, g, ref if with_ref else None)
+      for lv, st in ran.items():
+        nat = _state_of(st, name, i)
+        if i == 0:
+          _assert_states_match(nat, pure, t, g)
+        _assert_states_match(nat, _state_of(ran[first], name, i), t, g)
+
+
+def test_an_instruction_set_level_the_cpu_lacks_is_refused(tmp_path):
+  out = tmp_path / "x.npz"
+  env = dict(os.environ, PEAT_SIGNATURE_ISA="sse9")
+  run = subprocess.run([sys.executable, "-c", _LEVEL_CHILD, __file__,
+                        str(out)], env=env, capture_output=True, text=True,
+                       timeout=600, check=False)
+  assert run.returncode != 0
+  assert ("PEAT_SIGNATURE_ISA=sse9 is not an instruction-set level this CPU "
+          "runs; expected one of") in run.stderr
+  assert "base" in run.stderr.split("expected one of")[1]

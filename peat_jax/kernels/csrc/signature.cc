@@ -27,9 +27,11 @@
 // caller's MXCSR (XLA:CPU sets FTZ/DAZ), copied into every worker, so that
 // subnormals behave as in the compiled JAX pass.
 //
-// Speed: the elements are processed 64 bytes at a time (16 float32 lanes,
-// 8 float64 lanes) with GCC vector extensions, compiled for AVX-512, AVX2
-// and baseline x86-64 and chosen once by CPU; a vector whose lanes are all
+// Speed: the elements are processed a register at a time with GCC vector
+// extensions, compiled for AVX-512 (64 bytes: 16 float32 lanes, 8 float64
+// lanes), AVX2 (32 bytes) and the baseline (16 bytes) and chosen once by
+// CPU ($PEAT_SIGNATURE_ISA=avx512|avx2|base picks a level the CPU runs;
+// tests compare them); a vector whose lanes are all
 // normal and below 448 in magnitude takes a shorter path that skips the
 // conditions that cannot hold there. Exact counts use direct lane counters
 // (flags) and Harley-Seal carry-save adders (per-bit counts).
@@ -39,12 +41,13 @@
 // order, into its own partials; the partials are combined in unit order on
 // the calling thread. Threads (XLA's intra-op pool) only decide who computes
 // a unit, so results are bitwise identical whatever the thread timing, on
-// one machine (a CPU without FMA or AVX takes another code path whose float
-// sums may differ in the last bits).
+// one machine and level (the levels' lane counts differ, so their float
+// sums may differ in the last bits; counts, hashes and histograms do not).
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -110,20 +113,52 @@ namespace {
 
 namespace ffi = xla::ffi;
 
-// The unit function for a record dtype on this CPU (chosen once per dtype).
-UnitFn PickUnitFn(int nbits, bool is_bf16) {
+// The instruction-set levels this CPU runs, best first.
+std::vector<std::string> SupportedLevels() {
+  std::vector<std::string> out;
 #ifdef PEAT_SIG_X86
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("fma")) {
-    return avx512::UnitFnFor(nbits, is_bf16);
+    out.push_back("avx512");
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-    return avx2::UnitFnFor(nbits, is_bf16);
+    out.push_back("avx2");
   }
 #endif
+  out.push_back("base");
+  return out;
+}
+
+// The unit function of a record dtype at an instruction-set level.
+UnitFn UnitFnAt(const std::string& level, int nbits, bool is_bf16) {
+#ifdef PEAT_SIG_X86
+  if (level == "avx512") return avx512::UnitFnFor(nbits, is_bf16);
+  if (level == "avx2") return avx2::UnitFnFor(nbits, is_bf16);
+#endif
   return base::UnitFnFor(nbits, is_bf16);
+}
+
+// The unit function for a record dtype on this CPU (chosen once per dtype):
+// the best level it runs, or the one $PEAT_SIGNATURE_ISA names (avx512,
+// avx2 or base; tests compare the levels). nullptr, with *error set, for a
+// level that variable names and this CPU does not run.
+UnitFn PickUnitFn(int nbits, bool is_bf16, std::string* error) {
+  const std::vector<std::string> levels = SupportedLevels();
+  const char* env = std::getenv("PEAT_SIGNATURE_ISA");
+  if (env == nullptr || *env == '\0') {
+    return UnitFnAt(levels.front(), nbits, is_bf16);
+  }
+  if (std::find(levels.begin(), levels.end(), env) != levels.end()) {
+    return UnitFnAt(env, nbits, is_bf16);
+  }
+  std::string known;
+  for (const std::string& l : levels) known += (known.empty() ? "" : ", ") + l;
+  *error = std::string("PEAT_SIGNATURE_ISA=") + env +
+           " is not an instruction-set level this CPU runs; expected one of " +
+           known + " (or unset it: the best level is chosen)";
+  return nullptr;
 }
 
 // ------------------------------------------------------------- threads
@@ -410,29 +445,39 @@ ffi::Error SignatureImpl(ffi::ThreadPool& pool, ffi::AnyBuffer t,
   job.tile = (*out[kOutTile])->typed_data<int32_t>();
   std::fill(job.tile, job.tile + (*out[kOutTile])->element_count(), 0);
 
-  UnitFn fn = nullptr;
+  // The level is chosen once per dtype (an error, too, is kept).
+  struct Pick {
+    std::string error;  // before fn: PickUnitFn writes it
+    UnitFn fn;
+    Pick(int nbits, bool is_bf16) : fn(PickUnitFn(nbits, is_bf16, &error)) {}
+  };
+  const Pick* pick = nullptr;
   switch (dt) {
     case ffi::DataType::F32: {
-      static const UnitFn f = PickUnitFn(32, false);
-      fn = f;
+      static const Pick p(32, false);
+      pick = &p;
       break;
     }
     case ffi::DataType::BF16: {
-      static const UnitFn f = PickUnitFn(16, true);
-      fn = f;
+      static const Pick p(16, true);
+      pick = &p;
       break;
     }
     case ffi::DataType::F16: {
-      static const UnitFn f = PickUnitFn(16, false);
-      fn = f;
+      static const Pick p(16, false);
+      pick = &p;
       break;
     }
     default: {
-      static const UnitFn f = PickUnitFn(64, false);
-      fn = f;
+      static const Pick p(64, false);
+      pick = &p;
       break;
     }
   }
+  if (pick->fn == nullptr) {
+    return ffi::Error::InvalidArgument(std::string(name) + ": " + pick->error);
+  }
+  UnitFn fn = pick->fn;
   RunUnits(pool, fn, job);
   if (cdt == ffi::DataType::F64) {
     CombineAndStore<double>(job, nbits, out);

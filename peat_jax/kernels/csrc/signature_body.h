@@ -6,22 +6,53 @@
 // or not) is compiled for that level, with PEAT_SIG_ISA set to 512
 // (AVX-512 F/BW/DQ/VL/CD), 2 (AVX2) or 0 (baseline); a few helpers use that
 // level's intrinsics. It must not include headers itself; signature.cc
-// includes what it needs first. Vectors are 64 bytes (16
-// float32 lanes, 8 float64 lanes), written with GCC vector extensions.
+// includes what it needs first. Vectors are written with GCC vector
+// extensions, as wide as the level's registers: 64 bytes at AVX-512 (16
+// float32 lanes, 8 float64 lanes), 32 at AVX2 (8 and 4), 16 at the
+// baseline (4 and 2). (GCC keeps a vector wider than the registers in
+// memory and lowers its comparisons and selects one lane at a time: 64-byte
+// vectors at AVX2 ran the pass ~15x slower than 32-byte ones.) The lane
+// count changes which elements share a lane sum, so float sums differ
+// between levels in the last bits; counts, hashes and histograms do not.
 
 #define PEAT_INLINE static inline __attribute__((always_inline))
 #define PEAT_MINLINE inline __attribute__((always_inline))
 #define PEAT_NOINLINE __attribute__((noinline))
 
-typedef float vf32 __attribute__((vector_size(64)));
-typedef double vf64 __attribute__((vector_size(64)));
-typedef uint32_t vu32 __attribute__((vector_size(64)));
-typedef int32_t vi32 __attribute__((vector_size(64)));
-typedef uint64_t vu64 __attribute__((vector_size(64)));
-typedef int64_t vi64 __attribute__((vector_size(64)));
-typedef uint16_t vu16h __attribute__((vector_size(32)));
-typedef float vf32h __attribute__((vector_size(32)));
-typedef uint32_t vu32h __attribute__((vector_size(32)));
+#if PEAT_SIG_ISA == 512
+#define PEAT_SIG_VBYTES 64
+#elif PEAT_SIG_ISA == 2
+#define PEAT_SIG_VBYTES 32
+#else
+#define PEAT_SIG_VBYTES 16
+#endif
+typedef float vf32 __attribute__((vector_size(PEAT_SIG_VBYTES)));
+typedef double vf64 __attribute__((vector_size(PEAT_SIG_VBYTES)));
+typedef uint32_t vu32 __attribute__((vector_size(PEAT_SIG_VBYTES)));
+typedef int32_t vi32 __attribute__((vector_size(PEAT_SIG_VBYTES)));
+typedef uint64_t vu64 __attribute__((vector_size(PEAT_SIG_VBYTES)));
+typedef int64_t vi64 __attribute__((vector_size(PEAT_SIG_VBYTES)));
+// Half vectors: a float32 vector's halves (as many lanes as a float64
+// vector), and 16-bit records' loads (as many lanes as a float32 vector).
+typedef uint16_t vu16h __attribute__((vector_size(PEAT_SIG_VBYTES / 2)));
+typedef float vf32h __attribute__((vector_size(PEAT_SIG_VBYTES / 2)));
+typedef uint32_t vu32h __attribute__((vector_size(PEAT_SIG_VBYTES / 2)));
+// Lanes of a float32 and of a float64 vector.
+constexpr int kLanes32 = PEAT_SIG_VBYTES / 4;
+constexpr int kLanes64 = PEAT_SIG_VBYTES / 8;
+
+// The low and high halves of a float32 vector (lanes [0, W / 2) and
+// [W / 2, W)).
+PEAT_INLINE vf32h LowHalf(vf32 x) {
+  vf32h h;
+  std::memcpy(&h, &x, sizeof(h));
+  return h;
+}
+PEAT_INLINE vf32h HighHalf(vf32 x) {
+  vf32h h;
+  std::memcpy(&h, reinterpret_cast<const char*>(&x) + sizeof(h), sizeof(h));
+  return h;
+}
 
 // ---------------------------------------------------------------- dtypes
 
@@ -49,7 +80,7 @@ struct TraitsF32 {
   using VF = vf32;
   using VU = vu32;
   using VI = vi32;
-  static constexpr int W = 16, kBits = 32, kMant = 23;
+  static constexpr int W = kLanes32, kBits = 32, kMant = 23;
   static PEAT_MINLINE VU Load(const S* p) {
     VU v;
     std::memcpy(&v, p, sizeof(v));
@@ -65,7 +96,7 @@ struct TraitsBf16 {
   using VF = vf32;
   using VU = vu32;
   using VI = vi32;
-  static constexpr int W = 16, kBits = 16, kMant = 7;
+  static constexpr int W = kLanes32, kBits = 16, kMant = 7;
   static PEAT_MINLINE VU Load(const S* p) {
     vu16h h;
     std::memcpy(&h, p, sizeof(h));
@@ -81,7 +112,7 @@ struct TraitsF16 {
   using VF = vf32;
   using VU = vu32;
   using VI = vi32;
-  static constexpr int W = 16, kBits = 16, kMant = 10;
+  static constexpr int W = kLanes32, kBits = 16, kMant = 10;
   static PEAT_MINLINE VU Load(const S* p) {
     vu16h h;
     std::memcpy(&h, p, sizeof(h));
@@ -108,7 +139,7 @@ struct TraitsF64 {
   using VF = vf64;
   using VU = vu64;
   using VI = vi64;
-  static constexpr int W = 8, kBits = 64, kMant = 52;
+  static constexpr int W = kLanes64, kBits = 64, kMant = 52;
   static PEAT_MINLINE VU Load(const S* p) {
     VU v;
     std::memcpy(&v, p, sizeof(v));
@@ -205,11 +236,9 @@ PEAT_INLINE bool AnyNonzero(V v) {
   std::memcpy(&x, &v, sizeof(x));
   return _mm512_test_epi32_mask(x, x) != 0;
 #elif PEAT_SIG_ISA == 2
-  __m256i a, b;
-  std::memcpy(&a, &v, sizeof(a));
-  std::memcpy(&b, reinterpret_cast<const char*>(&v) + sizeof(a), sizeof(b));
-  const __m256i o = _mm256_or_si256(a, b);
-  return !_mm256_testz_si256(o, o);
+  __m256i x;
+  std::memcpy(&x, &v, sizeof(x));
+  return !_mm256_testz_si256(x, x);
 #else
   uint64_t w[sizeof(V) / 8];
   std::memcpy(w, &v, sizeof(w));
@@ -456,9 +485,9 @@ struct SsqAcc {
   }
   PEAT_MINLINE void Flush() {
     if constexpr (kFloat) {
-      vf32h lo = __builtin_shufflevector(fast, fast, 0, 1, 2, 3, 4, 5, 6, 7);
+      vf32h lo = LowHalf(fast);
       vf32h hi =
-          __builtin_shufflevector(fast, fast, 8, 9, 10, 11, 12, 13, 14, 15);
+          HighHalf(fast);
       plo += __builtin_convertvector(lo, vf64);
       phi += __builtin_convertvector(hi, vf64);
     } else {
@@ -469,8 +498,8 @@ struct SsqAcc {
   PEAT_MINLINE void AddGeneral(VF x) {
     max = Max(max, x);
     if constexpr (kFloat) {
-      vf32h lo = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
-      vf32h hi = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+      vf32h lo = LowHalf(x);
+      vf32h hi = HighHalf(x);
       vf64 dl = __builtin_convertvector(lo, vf64);
       vf64 dh = __builtin_convertvector(hi, vf64);
       plo += dl * dl;
@@ -490,13 +519,13 @@ struct SsqAcc {
     for (int i = 0; i < static_cast<int>(sizeof(VF) / sizeof(max[0])); ++i) {
       m = std::max(m, static_cast<double>(max[i]));
     }
-    for (int i = 0; i < 8; ++i) plain += plo[i];
+    for (int i = 0; i < kLanes64; ++i) plain += plo[i];
     if constexpr (kFloat) {
-      for (int i = 0; i < 8; ++i) plain += phi[i];
+      for (int i = 0; i < kLanes64; ++i) plain += phi[i];
     }
     double s = m > 0 ? plain / m / m : 0.0;
     if constexpr (!kFloat) {
-      for (int i = 0; i < 8; ++i) {
+      for (int i = 0; i < kLanes64; ++i) {
         double mm = m;
         MergeScaled(mm, s, gm[i], gs[i]);
       }
@@ -577,8 +606,8 @@ struct UnitPass {
   // huge, where float lanes could overflow).
   PEAT_MINLINE void AddD(int k, VF x) {
     if constexpr (kWideSsq) {
-      vf32h lo = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
-      vf32h hi = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+      vf32h lo = LowHalf(x);
+      vf32h hi = HighHalf(x);
       dsum[k] += __builtin_convertvector(lo, vf64) +
                  __builtin_convertvector(hi, vf64);
     } else {
@@ -590,8 +619,8 @@ struct UnitPass {
     for (int k = 0; k < kNumSums; ++k) {
       if constexpr (kWideSsq) {
         VF s = sum[k];
-        vf32h lo = __builtin_shufflevector(s, s, 0, 1, 2, 3, 4, 5, 6, 7);
-        vf32h hi = __builtin_shufflevector(s, s, 8, 9, 10, 11, 12, 13, 14, 15);
+        vf32h lo = LowHalf(s);
+        vf32h hi = HighHalf(s);
         dsum[k] += __builtin_convertvector(lo, vf64) +
                    __builtin_convertvector(hi, vf64);
       } else {
@@ -846,11 +875,11 @@ struct UnitPass {
   // >> 21 (float64 values are rounded to float32 first).
   static PEAT_MINLINE void HistIndex(vf32 v, int32_t* out) {
     const vu32 b = (vu32)v >> 21;
-    for (int i = 0; i < 16; ++i) out[i] = static_cast<int32_t>(b[i]);
+    for (int i = 0; i < kLanes32; ++i) out[i] = static_cast<int32_t>(b[i]);
   }
   static PEAT_MINLINE void HistIndex(vf64 v, int32_t* out) {
     const vu32h b = (vu32h)__builtin_convertvector(v, vf32h) >> 21;
-    for (int i = 0; i < 8; ++i) out[i] = static_cast<int32_t>(b[i]);
+    for (int i = 0; i < kLanes64; ++i) out[i] = static_cast<int32_t>(b[i]);
   }
 
   // Sampled elements waiting for a full vector (AddSample / FlushSamples),
@@ -1156,8 +1185,8 @@ void RunUnit(const Job& job, int64_t u) {
   std::vector<int64_t> col_nd(width, 0);
   alignas(64) S tpad[W];
   alignas(64) S gpad[W];
-  alignas(64) float hpad[16];
-  alignas(64) float lpad[16];
+  alignas(64) float hpad[kLanes32];
+  alignas(64) float lpad[kLanes32];
 
   for (int64_t r = r0; r < r1; ++r) {
     const S* trow = tp + r * pl.cols;
@@ -1262,6 +1291,7 @@ inline UnitFn UnitFnFor(int nbits, bool is_bf16) {
   }
 }
 
+#undef PEAT_SIG_VBYTES
 #undef PEAT_INLINE
 #undef PEAT_MINLINE
 #undef PEAT_NOINLINE
