@@ -232,10 +232,12 @@ PEAT_INLINE vf64 Log2(vf64 x) {
 template <class V>
 PEAT_INLINE bool AnyNonzero(V v) {
 #if PEAT_SIG_ISA == 512
+  static_assert(sizeof(V) == sizeof(__m512i), "one register");
   __m512i x;
   std::memcpy(&x, &v, sizeof(x));
   return _mm512_test_epi32_mask(x, x) != 0;
 #elif PEAT_SIG_ISA == 2
+  static_assert(sizeof(V) == sizeof(__m256i), "one register");
   __m256i x;
   std::memcpy(&x, &v, sizeof(x));
   return !_mm256_testz_si256(x, x);
