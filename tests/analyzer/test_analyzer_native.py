@@ -358,13 +358,18 @@ np.savez(sys.argv[2], **out)
 """
 
 
+def _run_level_child(level, out):
+  """The child process at ``level``, writing its states to ``out``."""
+  env = dict(os.environ, PEAT_SIGNATURE_ISA=level)
+  return subprocess.run([sys.executable, "-c", _LEVEL_CHILD, __file__,
+                         str(out)], env=env, capture_output=True, text=True,
+                        timeout=600, check=False)
+
+
 def _level_states(level, tmp_path):
   """The child's states at ``level`` (None: the level this CPU lacks)."""
   out = tmp_path / f"{level}.npz"
-  env = dict(os.environ, PEAT_SIGNATURE_ISA=level)
-  run = subprocess.run([sys.executable, "-c", _LEVEL_CHILD, __file__,
-                        str(out)], env=env, capture_output=True, text=True,
-                       timeout=600, check=False)
+  run = _run_level_child(level, out)
   if "is not an instruction-set level this CPU runs" in run.stderr:
     return None
   assert run.returncode == 0, run.stderr[-3000:]
@@ -402,11 +407,7 @@ def test_every_instruction_set_level_equals_pure_jax(tmp_path):
 
 
 def test_an_instruction_set_level_the_cpu_lacks_is_refused(tmp_path):
-  out = tmp_path / "x.npz"
-  env = dict(os.environ, PEAT_SIGNATURE_ISA="sse9")
-  run = subprocess.run([sys.executable, "-c", _LEVEL_CHILD, __file__,
-                        str(out)], env=env, capture_output=True, text=True,
-                       timeout=600, check=False)
+  run = _run_level_child("sse9", tmp_path / "x.npz")
   assert run.returncode != 0
   assert ("PEAT_SIGNATURE_ISA=sse9 is not an instruction-set level this CPU "
           "runs; expected one of") in run.stderr
