@@ -52,6 +52,8 @@ def _shift_tests(tb: Array, gb: Array, rows, cols):
   would match any shift; a KUT that zeroes elements is not a shift.
   """
   cap = tb.shape[0]
+  if isinstance(rows, int) and isinstance(cols, int) and cap == rows * cols:
+    return _shift_tests_static(tb, gb, rows, cols)
   if isinstance(rows, int) and isinstance(cols, int):
     # Static shape: the window and the sample at their own sizes.
     cws = min(cols, SHIFT_WINDOW)
@@ -75,22 +77,70 @@ def _shift_tests(tb: Array, gb: Array, rows, cols):
   src = j[None, :] - shifts[:, None]  # (17, cw)
   ok = (src >= 0) & (src < cols)
   gsh = at(gb, ridx[:, None, None], jnp.clip(src, 0, cols - 1)[None])
-  cmp_c = inf[:, None, :] & ok[None]
-  col_m = jnp.sum((ts[:, None, :] == gsh) & cmp_c, axis=(0, 2),
-                  dtype=jnp.int32)
-  col_n = jnp.sum(cmp_c, axis=(0, 2), dtype=jnp.int32)
   # Rows: t[i, j] vs g[i - s, j].
   rsrc = ridx[None, :] - shifts[:, None]  # (17, S)
   rok = (rsrc >= 0) & (rsrc < rows)
   grs = at(gb, jnp.clip(rsrc, 0, rows - 1)[:, :, None], j[None, None, :])
-  cmp_r = inf[None] & rok[:, :, None]
-  row_m = jnp.sum((ts[None] == grs) & cmp_r, axis=(1, 2), dtype=jnp.int32)
-  row_n = jnp.sum(cmp_r, axis=(1, 2), dtype=jnp.int32)
+  col_m, col_n, row_m, row_n = _shift_counts(ts, inf, gsh, ok, grs, rok)
   # Transpose (R == C > 1): g[j, i] for sampled i, j < cw.
   square = (jnp.asarray(rows) == cols) & (jnp.asarray(rows) > 1)
   gt = at(gb, j[None, :], ridx[:, None])
   tr_m = jnp.where(square, jnp.sum((ts == gt) & inf, dtype=jnp.int32), 0)
   tr_n = jnp.where(square, jnp.sum(inf, dtype=jnp.int32), 0)
+  return col_m, col_n, row_m, row_n, tr_m, tr_n
+
+
+def _shift_counts(ts, inf, gsh, ok, grs, rok):
+  """The column and row shifts' match and compared counts: ``ts`` (S, cw)
+  against ``gsh`` (S, 17, cw), g at each column shift, where ``ok``
+  (17, cw), and against ``grs`` (17, S, cw), g at each row shift, where
+  ``rok`` (17, S); only at informative positions ``inf`` (S, cw)."""
+  cmp_c = inf[:, None, :] & ok[None]
+  col_m = jnp.sum((ts[:, None, :] == gsh) & cmp_c, axis=(0, 2),
+                  dtype=jnp.int32)
+  col_n = jnp.sum(cmp_c, axis=(0, 2), dtype=jnp.int32)
+  cmp_r = inf[None] & rok[:, :, None]
+  row_m = jnp.sum((ts[None] == grs) & cmp_r, axis=(1, 2), dtype=jnp.int32)
+  row_n = jnp.sum(cmp_r, axis=(1, 2), dtype=jnp.int32)
+  return col_m, col_n, row_m, row_n
+
+
+def _shift_tests_static(tb: Array, gb: Array, rows: int, cols: int):
+  """`_shift_tests` of a record at its own shape (R x C = its size): the
+  same counts from row copies and static slices. The general form
+  gathers every compared element by its own index (~280 K elements a
+  record, ~0.6 ms on a 2-core CPU); here the sampled rows are copied
+  whole once, each column shift is a static slice of them, each row
+  shift a copy of whole rows, and the transpose is skipped where R != C
+  (its counts are 0)."""
+  cws = min(cols, SHIFT_WINDOW)
+  slots = min(rows, SHIFT_SAMPLE_ROWS, max(2, -(-SHIFT_WINDOW // cws)))
+  ridx = np.unique(np.linspace(0, rows - 1, slots).round().astype(np.int32))
+  t2, g2 = tb.reshape(rows, cols), gb.reshape(rows, cols)
+  ts = t2[ridx, :cws]  # (S, cw)
+  gs = g2[ridx]  # the sampled rows whole
+  inf = (ts != gs[:, :cws]) & ((ts << 1) != 0)
+  # Columns: t[i, j] vs g[i, j - s]; gpad[:, SHIFT_RANGE + c] is g[i, c].
+  shifts = np.arange(-SHIFT_RANGE, SHIFT_RANGE + 1)
+  width = min(cols, cws + SHIFT_RANGE)
+  gpad = jnp.pad(gs[:, :width], ((0, 0), (SHIFT_RANGE,
+                                         cws + SHIFT_RANGE - width)))
+  gsh = jnp.stack([gpad[:, SHIFT_RANGE - s:SHIFT_RANGE - s + cws]
+                   for s in shifts], axis=1)  # (S, 17, cw)
+  src = np.arange(cws)[None, :] - shifts[:, None]
+  ok = (src >= 0) & (src < cols)
+  # Rows: t[i, j] vs g[i - s, j].
+  rsrc = ridx[None, :] - shifts[:, None]  # (17, S)
+  rok = (rsrc >= 0) & (rsrc < rows)
+  grs = g2[np.clip(rsrc, 0, rows - 1).reshape(-1)][:, :cws].reshape(
+      len(shifts), len(ridx), cws)
+  col_m, col_n, row_m, row_n = _shift_counts(ts, inf, gsh, ok, grs, rok)
+  if rows == cols and rows > 1:  # transpose: g[j, i] for sampled i, j < cw
+    gt = g2[:cws, ridx].T
+    tr_m = jnp.sum((ts == gt) & inf, dtype=jnp.int32)
+    tr_n = jnp.sum(inf, dtype=jnp.int32)
+  else:
+    tr_m = tr_n = jnp.int32(0)
   return col_m, col_n, row_m, row_n, tr_m, tr_n
 
 

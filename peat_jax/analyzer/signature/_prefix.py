@@ -11,6 +11,7 @@ long arrays.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 from peat_jax.analyzer.signature._signature import Array
@@ -43,10 +44,32 @@ def first_true(mask: Array, size: int) -> Array:
   """``jnp.nonzero(mask, size=size, fill_value=0)[0]`` of a 1-D mask.
 
   The first ``size`` indices where ``mask`` holds, ascending, then zeros.
+  The mask is packed into 32-bit words (one reduction), the words' set
+  bits are counted and prefix-summed (n / 32 of them), each output rank
+  finds its word by binary search and its bit among the word's 32: no
+  operation per element beyond the packing. (A prefix sum over every
+  element and a scatter of every index, the form before, took ~8 ms for
+  512 Ki elements on a 2-core CPU; ``jnp.nonzero`` ~7 ms.)
   """
   n = mask.shape[0]
-  m = mask.astype(jnp.int32)
-  rank = _exclusive(m)
-  dest = jnp.where(mask & (rank < size), rank, size)
-  return jnp.zeros((size,), jnp.int32).at[dest].set(
-      jnp.arange(n, dtype=jnp.int32), mode="drop")
+  nw = max(-(-n // 32), 1)
+  m = jnp.pad(mask.astype(bool), (0, nw * 32 - n)).reshape(nw, 32)
+  weights = (np.uint32(1) << np.arange(32, dtype=np.uint32))
+  words = jnp.sum(jnp.where(m, weights[None, :], np.uint32(0)), axis=1,
+                  dtype=jnp.uint32)  # distinct bits: the sum is the OR
+  cnt = lax.population_count(words).astype(jnp.int32)
+  incl = _exclusive(cnt) + cnt  # set bits up to and including each word
+  q = jnp.arange(size, dtype=jnp.int32)
+  w = jnp.minimum(jnp.searchsorted(incl, q, side="right"),
+                  nw - 1).astype(jnp.int32)
+  rank = q - (incl[w] - cnt[w])  # the wanted bit's rank within its word
+  word = words[w]
+  # Bits up to and including b, per b: the wanted bit is the first b
+  # whose count exceeds the rank, i.e. the number of b whose count does
+  # not.
+  upto = (np.uint32(2) << np.arange(32, dtype=np.uint32)) - np.uint32(1)
+  upto[31] = np.uint32(0xFFFFFFFF)
+  seen = lax.population_count(word[:, None] & upto[None, :]).astype(
+      jnp.int32)
+  bit = jnp.sum(seen <= rank[:, None], axis=1, dtype=jnp.int32)
+  return jnp.where(q < incl[-1], w * 32 + bit, 0).astype(jnp.int32)
