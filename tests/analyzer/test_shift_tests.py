@@ -59,9 +59,11 @@ def test_own_shape_counts_equal_the_general_form(shape, kind):
   col_m, col_n, row_m, row_n, tr_m, tr_n = own
   shift = {"col_shift": 3, "col_shift_back": -8}.get(kind)
   if shift is not None and cols > 1:  # the column shift's own count
-    assert col_m[shift + _pass.SHIFT_RANGE] > col_n[shift + _pass.SHIFT_RANGE] // 2 > 0
+    k = shift + _pass.SHIFT_RANGE
+    assert col_m[k] > col_n[k] // 2 > 0
   if kind == "row_shift":
-    assert row_m[2 + _pass.SHIFT_RANGE] > row_n[2 + _pass.SHIFT_RANGE] // 2 > 0
+    k = 2 + _pass.SHIFT_RANGE
+    assert row_m[k] > row_n[k] // 2 > 0
   if kind == "transpose":
     assert tr_m > tr_n // 2 > 0
   else:

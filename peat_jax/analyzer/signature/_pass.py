@@ -43,8 +43,10 @@ def _shift_tests(tb: Array, gb: Array, rows, cols):
   """Bitwise match counts of t against shifted/transposed g (sampled rows).
 
   ``tb``, ``gb``: the records' bit patterns flat (:mod:`._layout`: R x C
-  row-major, then padding), R and C Python ints or traced. Static
-  gathers of the sampled rows' first min(C, SHIFT_WINDOW) columns: g at
+  row-major, then padding), R and C Python ints or traced; a record at
+  its own shape (R x C its size, ints) goes to `_shift_tests_static`, the
+  same counts. Here: gathers of the sampled rows' first min(C,
+  SHIFT_WINDOW) columns: g at
   every column shift, g's rows at every row shift. Only informative
   positions are compared: t differs from g there (bitwise) and is not +-0.
   Equal elements say nothing about where t's values came from, and on
@@ -54,18 +56,9 @@ def _shift_tests(tb: Array, gb: Array, rows, cols):
   cap = tb.shape[0]
   if isinstance(rows, int) and isinstance(cols, int) and cap == rows * cols:
     return _shift_tests_static(tb, gb, rows, cols)
-  if isinstance(rows, int) and isinstance(cols, int):
-    # Static shape: the window and the sample at their own sizes.
-    cws = min(cols, SHIFT_WINDOW)
-    slots = min(rows, SHIFT_SAMPLE_ROWS, max(2, -(-SHIFT_WINDOW // cws)))
-  else:
-    cws, slots = min(cap, SHIFT_WINDOW), SHIFT_SAMPLE_ROWS
+  cws, slots = min(cap, SHIFT_WINDOW), SHIFT_SAMPLE_ROWS
   cw = jnp.minimum(cols, SHIFT_WINDOW)
-  if isinstance(rows, int) and isinstance(cols, int):
-    ridx = np.unique(np.linspace(0, rows - 1, slots).round().astype(np.int32))
-    rok_s = np.ones(ridx.shape, bool)
-  else:
-    ridx, rok_s = _sample_rows(rows, cw, slots)
+  ridx, rok_s = _sample_rows(rows, cw, slots)
   shifts = np.arange(-SHIFT_RANGE, SHIFT_RANGE + 1)
   j = jnp.arange(cws, dtype=jnp.int32)
   at = lambda a, r, c: a[jnp.clip(r * cols + c, 0, cap - 1)]

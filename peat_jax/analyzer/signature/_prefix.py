@@ -67,8 +67,7 @@ def first_true(mask: Array, size: int) -> Array:
   # Bits up to and including b, per b: the wanted bit is the first b
   # whose count exceeds the rank, i.e. the number of b whose count does
   # not.
-  upto = (np.uint32(2) << np.arange(32, dtype=np.uint32)) - np.uint32(1)
-  upto[31] = np.uint32(0xFFFFFFFF)
+  upto = np.uint32(0xFFFFFFFF) >> (31 - np.arange(32, dtype=np.uint32))
   seen = lax.population_count(word[:, None] & upto[None, :]).astype(
       jnp.int32)
   bit = jnp.sum(seen <= rank[:, None], axis=1, dtype=jnp.int32)
