@@ -46,8 +46,8 @@ def _shift_tests(tb: Array, gb: Array, rows, cols):
   row-major, then padding), R and C Python ints or traced; a record at
   its own shape (R x C its size, ints) goes to `_shift_tests_static`, the
   same counts. Here: gathers of the sampled rows' first min(C,
-  SHIFT_WINDOW) columns: g at
-  every column shift, g's rows at every row shift. Only informative
+  SHIFT_WINDOW) columns: g at every column shift, g's rows at every row
+  shift. Only informative
   positions are compared: t differs from g there (bitwise) and is not +-0.
   Equal elements say nothing about where t's values came from, and on
   sparse arrays (a gradient that is zero but for a few rows) equal zeros

@@ -5,7 +5,8 @@
 of those over the whole array: most of their cost is per-operation
 overhead. Integer sums are exact in any order, so the same values come
 from a masked sum against a triangular matrix (one fusion), blockwise for
-long arrays.
+long arrays; ``first_true`` (``nonzero``) packs the mask into 32-bit words
+first, so that its prefix sum runs over n / 32 word counts.
 """
 
 from __future__ import annotations
