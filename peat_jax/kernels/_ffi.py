@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax.core import PeatError
+from peat_jax.kernels import _elf
 
 # Handler symbol in the library -> FFI target name.
 _TARGETS = {
@@ -430,12 +431,14 @@ def load_user_library(path: str, symbols, platform: str | None = None
     ``{symbol: target name}`` of the registered symbols.
 
   Raises:
-    PeatError: the library cannot be loaded or lacks a symbol.
+    PeatError: the library cannot be loaded, lacks a symbol, or shows no
+      code for a GPU ``platform`` (:func:`check_user_platform`).
   """
   platform = platform or jax_platform()
   with _lock:
     lib, targets = _user_libraries.get(path, (None, {}))
     if lib is None:
+      check_user_platform(path, platform)
       try:
         lib = ctypes.cdll.LoadLibrary(path)
       except OSError as err:
@@ -458,6 +461,47 @@ def load_user_library(path: str, symbols, platform: str | None = None
       targets[symbol] = target
     _user_libraries[path] = (lib, targets)
     return {s: targets[s] for s in symbols}
+
+
+_PLATFORM_WORDS = {"cpu": "the CPU", "CUDA": "CUDA", "ROCM": "ROCm"}
+
+
+def check_user_platform(path: str, platform: str) -> None:
+  """Refuses a user's library that holds no code for a GPU ``platform``.
+
+  XLA would give its handlers that platform's device buffers: a CPU
+  handler reads them as host memory and crashes the process, where this
+  names the problem before anything is registered (``peat_jax.kernels._elf``
+  says what counts as GPU code). The CPU platform takes any library.
+
+  Args:
+    path: the library's file.
+    platform: the FFI platform it would be registered for.
+
+  Raises:
+    PeatError: ``platform`` is CUDA or ROCM and the file shows neither
+      device code nor a runtime library of it, or is no 64-bit ELF file.
+  """
+  if platform == "cpu":
+    return
+  try:
+    code = _elf.library_code(path)
+  except (OSError, ValueError) as err:
+    raise PeatError(f"ffi KUT: cannot read {path} as a shared library "
+                    f"({err}); expected one built for this machine "
+                    "(docs/kernels.md)") from None
+  if code.serves(platform):
+    return
+  word = _PLATFORM_WORDS.get(platform, platform)
+  tool = "nvcc" if platform == "CUDA" else "hipcc"
+  raise PeatError(
+      f"ffi KUT: {path} holds no {word} code (no device fat binary, no "
+      f"{word} runtime library among its needed libraries) but jax "
+      f"computes on {word}: XLA would hand its handlers {word} device "
+      "buffers, which a CPU handler reads as host memory, crashing the "
+      "process. Run on the CPU (JAX_PLATFORMS=cpu), or build the handlers "
+      f"for {word} with {tool} (kernels that take the call's stream, "
+      "ffi::PlatformStream; docs/kernels.md)")
 
 
 def user_call(target: str, result_shapes, *args, **attrs):

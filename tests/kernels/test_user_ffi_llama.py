@@ -20,6 +20,7 @@ import pytest
 
 import peat_jax as peat
 from peat_jax import kernels
+from peat_jax.kernels import _ffi
 from peat_jax.kernels.checks import rope_golden as golden_rope
 from peat_jax.kernels.checks import silu_golden as golden_silu
 
@@ -231,6 +232,10 @@ DTYPES = [jnp.float32, jnp.bfloat16]
 
 
 def _compile(source_path: str, out: str) -> str:
+  if _ffi.jax_platform() != "cpu":
+    pytest.skip(f"g++ builds CPU handlers; jax computes on "
+                f"{_ffi.jax_platform()}, where load_user_library refuses "
+                "them (test_user_platform.py)")
   gxx = shutil.which("g++")
   if gxx is None:
     pytest.skip("g++ is not installed: cannot build the FFI library")

@@ -24,6 +24,7 @@ from jax import lax
 
 import peat_jax as peat
 from peat_jax import kernels
+from peat_jax.kernels import _ffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -31,6 +32,10 @@ EXAMPLES = os.path.join(ROOT, "docs", "examples")
 
 
 def _compile(source: str, out: str) -> str:
+  if _ffi.jax_platform() != "cpu":
+    pytest.skip(f"g++ builds CPU handlers; jax computes on "
+                f"{_ffi.jax_platform()}, where load_user_library refuses "
+                "them (test_user_platform.py)")
   gxx = shutil.which("g++")
   if gxx is None:
     pytest.skip("g++ is not installed: cannot build the example FFI library")
