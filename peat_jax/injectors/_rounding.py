@@ -117,7 +117,43 @@ def round_nearest(x: jax.Array, fmt: Format, *, saturate: bool = False
     r = (u + half + lsb) & jnp.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
     y = jnp.where(jnp.isfinite(w32), from_bits(r, jnp.float32), w32)
     return y.astype(x.dtype)
-  return w.astype(fmt.dtype).astype(w.dtype).astype(x.dtype)
+  return kept_rounding(w, fmt).astype(x.dtype)
+
+
+def kept_rounding(w: jax.Array, fmt: Format) -> jax.Array:
+  """``w`` (float32 or float64) rounded to nearest in ``fmt``, kept in
+  ``w``'s dtype, by operations every XLA backend keeps.
+
+  A convert to ``fmt.dtype`` and back would do on the CPU, but XLA:GPU
+  removes such a pair where it allows excess precision (its default), and
+  the injection would round nothing there (the first GPU check). A
+  ``reduce_precision`` it keeps; it rounds the normal range as a convert
+  does, but flushes the format's subnormals to zero and knows no format
+  without infinities, so those two are done here: the subnormal range
+  rounded on the grid of ``fmt``'s smallest subnormal (an exact scaling by
+  a power of two and ``round``, ties to even), and for a format without
+  Inf (``fp8_e4m3``) the range of one more exponent bit, then NaN beyond
+  its max, as its convert gives. bf16's subnormals are float32's, which
+  ``reduce_precision`` keeps as a convert does (no arithmetic on them,
+  which XLA:CPU would flush). On the CPU the same bits as the convert pair
+  for float32 data (tests/injectors/test_kept_rounding.py).
+
+  Args:
+    w: float32 or float64 array.
+    fmt: a format with a storage dtype (not ``tf32``).
+
+  Returns:
+    ``w``'s dtype, its values representable in ``fmt``.
+  """
+  e = fmt.exponent_bits + (0 if fmt.has_inf else 1)
+  y = lax.reduce_precision(w, exponent_bits=e, mantissa_bits=fmt.mantissa_bits)
+  if fmt.min_normal > float(ml_dtypes.finfo(w.dtype).smallest_normal):
+    sub = fmt.min_normal * 2.0 ** -fmt.mantissa_bits
+    tiny = jnp.round(w / sub) * sub
+    y = jnp.where(jnp.abs(w) < fmt.min_normal, tiny, y)
+  if not fmt.has_inf:
+    y = jnp.where(jnp.abs(y) > fmt.max, jnp.asarray(np.nan, w.dtype), y)
+  return y
 
 
 def round_toward_zero(x: jax.Array, fmt: Format) -> jax.Array:
@@ -141,11 +177,38 @@ def round_toward_zero(x: jax.Array, fmt: Format) -> jax.Array:
     u = to_bits(w32) & jnp.uint32(~((1 << drop) - 1) & 0xFFFFFFFF)
     y = from_bits(u, jnp.float32).astype(w.dtype)
   else:
-    c = jnp.clip(jnp.where(finite, w, 0), -fmt.max, fmt.max)
-    n = c.astype(fmt.dtype)
-    up = jnp.abs(n.astype(w.dtype)) > jnp.abs(c)
-    # One step toward zero in fmt: decrement the magnitude bits.
-    stepped = from_bits(to_bits(n) - jnp.ones((), uint_dtype(fmt.dtype)),
-                        fmt.dtype)
-    y = jnp.where(up, stepped, n).astype(w.dtype)
+    # Selects, not clip's arithmetic, which XLA:CPU would flush on float32
+    # subnormals (bf16's own).
+    c = jnp.where(jnp.abs(w) > fmt.max,
+                  jnp.where(w > 0, fmt.max, -fmt.max).astype(w.dtype), w)
+    y = kept_truncation(jnp.where(finite, c, jnp.zeros_like(w)), fmt)
   return jnp.where(finite, y, w).astype(x.dtype)
+
+
+def kept_truncation(c: jax.Array, fmt: Format) -> jax.Array:
+  """Finite ``c`` (float32 or float64, within +-``fmt.max``) rounded
+  toward zero in ``fmt``, kept in ``c``'s dtype, without a convert to
+  ``fmt.dtype`` (which XLA:GPU may remove: :func:`kept_rounding`).
+
+  In ``fmt``'s normal range the fraction bits ``fmt`` lacks are cleared
+  (bf16's subnormals are float32's, so there too); in a narrower
+  format's subnormal range ``c`` is truncated on the grid of its smallest
+  subnormal (an exact scaling by a power of two).
+
+  Args:
+    c: float32 or float64 array, finite, ``|c| <= fmt.max``.
+    fmt: a format with a storage dtype (not ``tf32``).
+
+  Returns:
+    ``c``'s dtype, ``|result| <= |c|``, representable in ``fmt``.
+  """
+  info = ml_dtypes.finfo(c.dtype)
+  drop = info.nmant - fmt.mantissa_bits
+  width = bit_width(c.dtype)
+  keep = ~((1 << drop) - 1) & ((1 << width) - 1)
+  y = from_bits(to_bits(c) & jnp.asarray(keep, uint_dtype(c.dtype)),
+                c.dtype)
+  if fmt.min_normal > float(info.smallest_normal):
+    sub = fmt.min_normal * 2.0 ** -fmt.mantissa_bits
+    y = jnp.where(jnp.abs(c) < fmt.min_normal, jnp.trunc(c / sub) * sub, y)
+  return y

@@ -208,9 +208,16 @@ def _f32(x: jax.Array) -> jax.Array:
 
 
 def _rb(x: jax.Array) -> jax.Array:
-  """``x`` (float32) rounded to bfloat16 and back: one bf16 operation's
-  rounding (explicit converts, which XLA keeps)."""
-  return x.astype(jnp.bfloat16).astype(jnp.float32)
+  """``x`` (float32) rounded to bfloat16's precision, kept in float32: one
+  bf16 operation's rounding (to nearest, ties to even; beyond bf16's range
+  an infinity).
+
+  A ``reduce_precision``, not a convert to bfloat16 and back: XLA:GPU
+  removes such a pair of converts where it allows excess precision (its
+  default), so the port would round nothing there (the first GPU check);
+  a reduce-precision it keeps on every backend. On the CPU the two give
+  the same bits (tests/kernels/test_ports_llama.py)."""
+  return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
 
 
 def _norm_scale(scale, x: jax.Array):

@@ -466,3 +466,49 @@ def test_acc_bf16_error_keeps_growing_to_long_rows(dtype):
     errs.append(_err(jax.jit(ports.rms_norm_acc_bf16)(x, scale, 1e-6),
                      ref_rms_norm(x, scale))[1])
   assert errs[0] < errs[1] < errs[2] <= 4096 * U_BF16, errs
+
+
+# ------------------------------------- the bf16 rounding survives XLA
+
+
+def _hard_floats(seed: int) -> np.ndarray:
+  """float32 values where a rounding to bf16 can go wrong: every scale,
+  exact ties (even and odd), the ends of bf16's range, float32
+  subnormals, signed zeros and infinities."""
+  rng = np.random.default_rng(seed)
+  mant = rng.uniform(1.0, 2.0, 4096)
+  expo = rng.integers(-149, 128, 4096)
+  wide = (rng.choice([-1.0, 1.0], 4096) * mant * 2.0 ** expo.astype(
+      np.float64)).astype(np.float32)
+  # bf16 ties: the 16 dropped bits 0x8000 over a kept last bit 0 or 1.
+  kept = rng.integers(0, 1 << 16, 2048, dtype=np.uint32) << 16
+  ties = (kept | 0x8000).view(np.float32)
+  ties = ties[np.isfinite(ties)]
+  bf16_max = float(jnp.finfo(jnp.bfloat16).max)
+  edge = np.array([bf16_max, np.nextafter(np.float32(bf16_max), np.inf),
+                   3.3961514e38, 3.4028235e38, 2.0 ** -126, 2.0 ** -133,
+                   1e-45, 2.0 ** -149 * 3, 0.0, -0.0, np.inf, -np.inf],
+                  np.float32)
+  return np.concatenate([wide, ties, edge, -edge])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_ports_bf16_rounding_is_a_convert_round_trip_bit_for_bit(seed):
+  x = jnp.asarray(_hard_floats(seed))
+  want = jax.jit(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32))(x)
+  got = jax.jit(ports._rb)(x)
+  np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
+                                np.asarray(want).view(np.uint32))
+  nan = jax.jit(ports._rb)(jnp.asarray([np.nan, -np.nan], jnp.float32))
+  assert np.isnan(np.asarray(nan)).all()
+
+
+@pytest.mark.parametrize("name", ["silu_bf16", "rms_norm_acc_bf16"])
+def test_the_ports_bf16_roundings_are_in_the_compiled_program(name):
+  """Each of the port's bf16 roundings is a reduce-precision XLA keeps
+  after optimizing (on a GPU a convert pair would be removed)."""
+  fn = getattr(ports, name)
+  x = _rand(60, (4, 64))
+  args = (x, None) if name == "silu_bf16" else (x, None, 1e-6)
+  hlo = jax.jit(fn).lower(*args).compile().as_text()
+  assert hlo.count("reduce-precision(") >= 2, hlo[:2000]

@@ -41,6 +41,7 @@ import numpy as np
 from jax import lax
 
 from peat_jax import injectors as _injectors
+from peat_jax.injectors import _rounding
 from peat_jax import sites as _sites
 
 #: Record keys of a run's weight distances (``runtime.msgpack``).
@@ -223,7 +224,8 @@ def _fp8_scaled(x: jax.Array) -> jax.Array:
   xf = x.astype(jnp.float32)
   amax = jnp.max(jnp.abs(jnp.where(jnp.isfinite(xf), xf, 0.0)))
   scale = jnp.where(amax > 0, amax / _E4M3_MAX, 1.0)
-  q = (xf / scale).astype(jnp.float8_e4m3fn).astype(jnp.float32)
+  # Rounded by operations XLA:GPU keeps (a convert pair it may remove).
+  q = _rounding.kept_rounding(xf / scale, _rounding.FORMATS["fp8_e4m3"])
   return jnp.where(jnp.isfinite(xf), q * scale, xf).astype(x.dtype)
 
 
