@@ -8,6 +8,12 @@ they run where intended: the session stops before this folder's first
 test, with the reason, when jax computes elsewhere (e.g. a CPU-only jaxlib,
 a plugin that failed to load) or when that platform's native library was
 not built or does not load.
+
+On a GPU the XLA goldens these tests compare with compute float32 dots at
+full float32 precision (``jax_default_matmul_precision="highest"``): at
+XLA's default a Hopper or Ampere GPU multiplies TF32 operands, 10 fraction
+bits, and a float32 kernel then looks ~1e-3 wrong (the first GPU check:
+the backward and adapter tests). On the CPU the setting changes nothing.
 """
 
 import os
@@ -62,3 +68,16 @@ def _expected_platform():
     if problem:
       pytest.exit(f"{EXPECT}={os.environ[EXPECT]}: {problem}", returncode=3)
   yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _full_float32_goldens():
+  """float32 goldens at float32 precision on a GPU (see module doc)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from peat_jax.kernels import _ffi  # pylint: disable=g-import-not-at-top
+
+  if _ffi.jax_platform() == "cpu":
+    yield
+    return
+  with jax.default_matmul_precision("highest"):
+    yield

@@ -52,9 +52,16 @@ ffi::Error Rope(gpuStream_t stream, const ffi::AnyBuffer& x,
     return ffi::Error::InvalidArgument("peat rope: theta must be positive and finite");
   }
   auto dx = x.dimensions();
-  if (dx.size() < 3 || dx[dx.size() - 1] % 2 != 0) {
+  // Worded as the CPU handler's (rope.cc): the tests match both.
+  if (dx.size() < 3) {
     return ffi::Error::InvalidArgument(
-        "peat rope: expected x (..., T, H, D) with D even");
+        "peat rope: expected x (..., T, H, D) of rank >= 3, got rank " +
+        std::to_string(dx.size()));
+  }
+  if (dx[dx.size() - 1] % 2 != 0) {
+    return ffi::Error::InvalidArgument(
+        "peat rope: head dim D must be even, got D = " +
+        std::to_string(dx[dx.size() - 1]));
   }
   const int64_t t = dx[dx.size() - 3], h = dx[dx.size() - 2], d = dx[dx.size() - 1];
   auto dp = positions.dimensions();
