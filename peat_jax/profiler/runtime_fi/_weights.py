@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from peat_jax import core as _core
 from peat_jax import injectors as _injectors
-from peat_jax.injectors import _rounding
 from peat_jax import sites as _sites
 
 #: Record keys of a run's weight distances (``runtime.msgpack``).
@@ -225,7 +225,7 @@ def _fp8_scaled(x: jax.Array) -> jax.Array:
   amax = jnp.max(jnp.abs(jnp.where(jnp.isfinite(xf), xf, 0.0)))
   scale = jnp.where(amax > 0, amax / _E4M3_MAX, 1.0)
   # Rounded by operations XLA:GPU keeps (a convert pair it may remove).
-  q = _rounding.kept_rounding(xf / scale, _rounding.FORMATS["fp8_e4m3"])
+  q = _injectors.kept_rounding(xf / scale, _core.get_format("fp8_e4m3"))
   return jnp.where(jnp.isfinite(xf), q * scale, xf).astype(x.dtype)
 
 
