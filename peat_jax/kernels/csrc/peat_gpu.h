@@ -142,8 +142,13 @@ __global__ void StoreFloatKernel(const float* acc, int64_t n, void* out,
 }
 }  // namespace
 
-// Runs one batched product with the variant; scratch is needed only by
-// threaded_nondet.
+// Runs one batched product with the variant. threaded_nondet adds float32
+// partial sums atomically: into a float32 output itself, otherwise into a
+// float32 accumulator then stored in the output's dtype. That accumulator
+// comes from the stream-ordered allocator on CUDA (freed on the stream
+// after the store): XLA's FFI scratch allocator refused every request on
+// the first GPU check (an H200, jax 0.11.2). HIP keeps the scratch
+// allocator.
 template <typename A, typename B>
 ffi::Error LaunchGemm(gpuStream_t stream, ffi::ScratchAllocator& scratch,
                       int32_t variant, int64_t tile, int64_t batch,
@@ -153,18 +158,48 @@ ffi::Error LaunchGemm(gpuStream_t stream, ffi::ScratchAllocator& scratch,
   const int64_t n = batch * rows * cols;
   if (n == 0) return ffi::Error::Success();
   if (variant == kThreadedNondet) {
-    auto mem = scratch.Allocate(sizeof(float) * n, 256);
-    if (!mem.has_value()) {
-      return ffi::Error::Internal("peat: scratch allocation failed");
+    const size_t bytes = sizeof(float) * static_cast<size_t>(n);
+    const bool direct = to == Elem::kF32;
+    float* acc = direct ? static_cast<float*>(out) : nullptr;
+    if (!direct) {
+#if defined(PEAT_GPU_HIP) || defined(__HIPCC__)
+      auto mem = scratch.Allocate(bytes, 256);
+      if (!mem.has_value()) {
+        return ffi::Error::Internal(
+            "peat: scratch allocation of " + std::to_string(bytes) +
+            " bytes failed");
+      }
+      acc = static_cast<float*>(*mem);
+#else
+      void* mem = nullptr;
+      cudaError_t e = cudaMallocAsync(&mem, bytes, stream);
+      if (e != cudaSuccess) {
+        return ffi::Error::Internal(
+            "peat: cudaMallocAsync of " + std::to_string(bytes) +
+            " bytes for the threaded_nondet accumulator failed: " +
+            cudaGetErrorString(e));
+      }
+      acc = static_cast<float*>(mem);
+#endif
     }
-    float* acc = static_cast<float*>(*mem);
-    gpuMemsetAsync(acc, 0, sizeof(float) * n, stream);
+    gpuMemsetAsync(acc, 0, bytes, stream);
     const int64_t chunks = (k + tile - 1) / tile;
     if (chunks > 0) {
       SplitKAtomicKernel<<<Blocks(n * chunks, threads), threads, 0, stream>>>(
           tile, batch, rows, cols, k, a, b, acc);
     }
-    StoreFloatKernel<<<Blocks(n, threads), threads, 0, stream>>>(acc, n, out, to);
+    if (!direct) {
+      StoreFloatKernel<<<Blocks(n, threads), threads, 0, stream>>>(acc, n, out,
+                                                                   to);
+#if !(defined(PEAT_GPU_HIP) || defined(__HIPCC__))
+      cudaError_t e = cudaFreeAsync(acc, stream);
+      if (e != cudaSuccess) {
+        return ffi::Error::Internal(
+            std::string("peat: cudaFreeAsync of the threaded_nondet "
+                        "accumulator failed: ") + cudaGetErrorString(e));
+      }
+#endif
+    }
   } else {
     GemmKernel<<<Blocks(n, threads), threads, 0, stream>>>(
         variant, tile, batch, rows, cols, k, a, b, out, to);
