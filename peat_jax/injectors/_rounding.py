@@ -122,14 +122,16 @@ def round_nearest(x: jax.Array, fmt: Format, *, saturate: bool = False
 
 def kept_rounding(w: jax.Array, fmt: Format) -> jax.Array:
   """``w`` (float32 or float64) rounded to nearest in ``fmt``, kept in
-  ``w``'s dtype, by operations every XLA backend keeps.
+  ``w``'s dtype, without a convert pair XLA may remove.
 
-  A convert to ``fmt.dtype`` and back would do on the CPU, but XLA:GPU
-  removes such a pair where it allows excess precision (its default), and
-  the injection would round nothing there (the first GPU check). A
-  ``reduce_precision`` it keeps; it rounds the normal range as a convert
-  does, but flushes the format's subnormals to zero and knows no format
-  without infinities, so those two are done here: the subnormal range
+  XLA removes a convert to ``fmt.dtype`` and back where it allows excess
+  precision (its default): XLA:GPU anywhere (the first GPU check: the
+  injection rounded nothing there), XLA:CPU where the pair meets its own
+  bf16 upcasts in a fusion. A ``reduce_precision`` is no conversion to
+  remove (kept on the CPU; still to be confirmed on a GPU). It rounds the
+  normal range as a convert does, but flushes the format's subnormals to
+  zero and knows no format without infinities, so those two are done
+  here: the subnormal range
   rounded on the grid of ``fmt``'s smallest subnormal (an exact scaling by
   a power of two and ``round``, ties to even), and for a format without
   Inf (``fp8_e4m3``) the range of one more exponent bit, then NaN beyond

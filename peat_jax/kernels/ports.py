@@ -215,8 +215,9 @@ def _rb(x: jax.Array) -> jax.Array:
   A ``reduce_precision``, not a convert to bfloat16 and back: XLA:GPU
   removes such a pair of converts where it allows excess precision (its
   default), so the port would round nothing there (the first GPU check);
-  a reduce-precision it keeps on every backend. On the CPU the two give
-  the same bits (tests/kernels/test_ports_llama.py)."""
+  a reduce-precision is no conversion to remove (still to be confirmed on
+  a GPU). On the CPU the two give the same bits
+  (tests/kernels/test_ports_llama.py)."""
   return lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7)
 
 
