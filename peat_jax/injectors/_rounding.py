@@ -149,10 +149,9 @@ def kept_rounding(w: jax.Array, fmt: Format) -> jax.Array:
   """
   e = fmt.exponent_bits + (0 if fmt.has_inf else 1)
   y = lax.reduce_precision(w, exponent_bits=e, mantissa_bits=fmt.mantissa_bits)
-  if fmt.min_normal > float(ml_dtypes.finfo(w.dtype).smallest_normal):
-    sub = fmt.min_normal * 2.0 ** -fmt.mantissa_bits
-    tiny = jnp.round(w / sub) * sub
-    y = jnp.where(jnp.abs(w) < fmt.min_normal, tiny, y)
+  sub = _own_subnormal_step(fmt, w.dtype)
+  if sub is not None:
+    y = jnp.where(jnp.abs(w) < fmt.min_normal, jnp.round(w / sub) * sub, y)
   if not fmt.has_inf:
     y = jnp.where(jnp.abs(y) > fmt.max, jnp.asarray(np.nan, w.dtype), y)
   return y
@@ -204,13 +203,22 @@ def kept_truncation(c: jax.Array, fmt: Format) -> jax.Array:
   Returns:
     ``c``'s dtype, ``|result| <= |c|``, representable in ``fmt``.
   """
-  info = ml_dtypes.finfo(c.dtype)
-  drop = info.nmant - fmt.mantissa_bits
+  drop = ml_dtypes.finfo(c.dtype).nmant - fmt.mantissa_bits
   width = bit_width(c.dtype)
   keep = ~((1 << drop) - 1) & ((1 << width) - 1)
   y = from_bits(to_bits(c) & jnp.asarray(keep, uint_dtype(c.dtype)),
                 c.dtype)
-  if fmt.min_normal > float(info.smallest_normal):
-    sub = fmt.min_normal * 2.0 ** -fmt.mantissa_bits
+  sub = _own_subnormal_step(fmt, c.dtype)
+  if sub is not None:
     y = jnp.where(jnp.abs(c) < fmt.min_normal, jnp.trunc(c / sub) * sub, y)
   return y
+
+
+def _own_subnormal_step(fmt: Format, dtype) -> float | None:
+  """The spacing of ``fmt``'s subnormals where they lie among ``dtype``'s
+  normal values (its range narrower: fp16, fp8), so that they are rounded
+  by arithmetic on that grid; None where they are ``dtype``'s own
+  subnormals (bf16 in float32), which bit operations handle."""
+  if fmt.min_normal > float(ml_dtypes.finfo(dtype).smallest_normal):
+    return fmt.min_normal * 2.0 ** -fmt.mantissa_bits
+  return None

@@ -463,7 +463,7 @@ def load_user_library(path: str, symbols, platform: str | None = None
     return {s: targets[s] for s in symbols}
 
 
-_PLATFORM_WORDS = {"cpu": "the CPU", "CUDA": "CUDA", "ROCM": "ROCm"}
+_PLATFORM_WORDS = {"CUDA": "CUDA", "ROCM": "ROCm"}
 
 
 def check_user_platform(path: str, platform: str) -> None:

@@ -23,6 +23,9 @@ from peat_jax.injectors import _rounding as fm
 from peat_jax.profiler.runtime_fi import _weights
 
 FORMATS = ["bf16", "fp16", "fp8_e4m3", "fp8_e5m2"]
+#: Each format's element type as compiled HLO text writes it.
+HLO_TYPE = {"bf16": "bf16[", "fp16": "f16[", "fp8_e4m3": "f8e4m3fn[",
+            "fp8_e5m2": "f8e5m2["}
 
 
 def _hard(seed: int, dtype) -> np.ndarray:
@@ -91,10 +94,8 @@ def test_no_convert_to_the_format_is_left_to_remove(name):
   x = jnp.asarray(_hard(3, np.float32)[:4096])
   hlo = jax.jit(lambda v: fm.kept_rounding(v, f)).lower(x).compile(
       ).as_text()
-  narrow = {"bf16": "bf16[", "fp16": "f16[", "fp8_e4m3": "f8e4m3fn[",
-            "fp8_e5m2": "f8e5m2["}[name]
   assert "reduce-precision(" in hlo
-  assert narrow not in hlo
+  assert HLO_TYPE[name] not in hlo
 
 
 def test_a_precision_injection_and_the_yardstick_round_in_the_program():
@@ -143,9 +144,7 @@ def test_truncation_is_one_step_toward_zero_from_the_nearest(name, dtype):
     want = _rtz_reference(x, f)
   assert _same(got, want).all(), x[~_same(got, want)][:8]
   assert (np.abs(got[np.isfinite(x)]) <= np.abs(x[np.isfinite(x)])).all()
-  narrow = {"bf16": "bf16[", "fp16": "f16[", "fp8_e4m3": "f8e4m3fn[",
-            "fp8_e5m2": "f8e5m2["}[name]
-  assert narrow not in hlo
+  assert HLO_TYPE[name] not in hlo
 
 
 def _emulated_attention_acc_bf16(q, k, v) -> np.ndarray:
