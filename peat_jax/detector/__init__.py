@@ -13,7 +13,9 @@ noise-aware decomposition), ``_ports`` (another constant or closed
 form), ``_triage`` (the records the screen decides before any
 decomposition), ``_invariance`` (stale outputs, mutated inputs, batch
 variance, ignored inputs) and ``_invariance_calibration`` (their confusion
-matrix). docs/detector.md lists every rule with its
+matrix), ``_heldout`` (the held-out split: a second calibration generator,
+written apart from the first, whose cases no threshold is chosen on) and
+``_config`` (every threshold, with its derivation). docs/detector.md lists every rule with its
 derivation.
 """
 
@@ -31,6 +33,9 @@ from peat_jax.detector._composed import family_correct as family_correct
 from peat_jax.detector._composed import run_composed_calibration as run_composed_calibration
 from peat_jax.detector._detect import detect as detect
 from peat_jax.detector._detect import detect_batch as detect_batch
+from peat_jax.detector._heldout import heldout_tables as heldout_tables
+from peat_jax.detector._heldout import run_heldout as run_heldout
+from peat_jax.detector._heldout import wrong_records as wrong_records
 from peat_jax.detector._facts import BENIGN_NOISE_RATIO as BENIGN_NOISE_RATIO
 from peat_jax.detector._facts import FAULT_MODELS as FAULT_MODELS
 from peat_jax.detector._facts import PRECISION_MODELS as PRECISION_MODELS

@@ -37,13 +37,14 @@ from peat_jax.detector._facts import (
     BENIGN_NOISE_RATIO, Candidate, Diagnosis, MIN_PATTERN, PORT_MODELS,
     PRECISION_MODELS, REORDERING_ENVELOPE, _Facts, _host, _pct,
     _working_format, outliers_within_long_sum, within_working_sum)
+from peat_jax.detector._degenerate import _rule_tiny_flush, never_benign
 from peat_jax.detector._outliers import _rule_dense_faults, _rule_outliers
 from peat_jax.detector._ports import _probe, _rule_port, port_verdict
 from peat_jax.detector._rules import (
     _rule_edge, _rule_ftz, _rule_indexing, _rule_lane, _rule_nonfinite,
     _rule_saturation_clip, _rule_scale, _rule_sparse, _rule_stuck, _rule_tile,
     _rule_zero)
-from peat_jax.detector._rounding import _rule_rounding
+from peat_jax.detector._rounding import _rule_rounded_outputs, _rule_rounding
 
 
 #: With at most this share of elements differing (the rest bitwise
@@ -56,8 +57,8 @@ SPARSE_EXACT_SHARE = 0.01
 SPARSE_EXACT_BITS = 1.5
 
 _RULES = (_rule_nonfinite, _rule_saturation_clip, _rule_indexing, _rule_scale,
-          _rule_ftz, _rule_lane, _rule_zero, _rule_tile, _rule_stuck,
-          _rule_edge, _rule_sparse, _rule_rounding)
+          _rule_ftz, _rule_tiny_flush, _rule_lane, _rule_zero, _rule_tile,
+          _rule_stuck, _rule_edge, _rule_sparse, _rule_rounding)
 
 
 def _record_verdict(model: str, f: _Facts) -> str:
@@ -76,11 +77,14 @@ def _record_verdict(model: str, f: _Facts) -> str:
   within = f.dec and (f.n_beyond == 0 or (f.nbits == 16 and f.n_out == 0))
   if (base == "unknown" and f.has_ref and within
       and not int(f.s.get("n_nonfinite_mismatch", 0))
-      and np.isfinite(f.noise_ratio)):
+      and np.isfinite(f.noise_ratio)
+      and f.noise_ratio <= REORDERING_ENVELOPE):
     # More than rounding noise, yet every element within the rounding
     # envelope (a 16-bit record: within the outlier floor, which a few
     # more roundings in bf16 reach) and no fault's trace: a dense error
     # of rounding size that no model names is looked at, not failed.
+    # Beyond REORDERING_ENVELOPE x the golden noise floor no order or
+    # rounding of the same formula gets: another formula fails.
     return "warn"
   return "fail"
 
@@ -135,8 +139,8 @@ def detect(sig, *, repeat=None, dtype=None,
     if f.dec or _screened_and_explained(f):  # exact traces hold on any
       # noise: new NaN/Inf, golden's
       # bit patterns moved (a transpose, shift or permutation)
-      return _nonfinite_fails(_decomposed(
-          f, cands + _rule_nonfinite(f) + _rule_indexing(f)), s)
+      return never_benign(_nonfinite_fails(_decomposed(
+          f, cands + _rule_nonfinite(f) + _rule_indexing(f)), s), f)
     for rule in _RULES:
       if rule is _rule_rounding and cands:
         break  # a structural fault explains it; noise levels would only blur
@@ -145,9 +149,9 @@ def detect(sig, *, repeat=None, dtype=None,
     cands.append(_unknown(f))
   cands.sort(key=lambda c: -c.confidence)
   top = cands[0]
-  return _nonfinite_fails(Diagnosis(top.model, top.confidence, top.evidence,
-                                    top.params, tuple(cands),
-                                    _record_verdict(top.model, f)), s)
+  return never_benign(_nonfinite_fails(Diagnosis(
+      top.model, top.confidence, top.evidence, top.params, tuple(cands),
+      _record_verdict(top.model, f)), s), f)
 
 
 def _nonfinite_fails(diag: Diagnosis, s: Mapping[str, Any]) -> Diagnosis:
@@ -223,13 +227,17 @@ def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
       if bits:
         faults, whole = list(cands) + bits, False
     if not faults:
+      faults += _rule_tiny_flush(f)
+    if not faults:
       # A stuck low bit may stay inside the rounding envelope, but every
       # differing element differing in that one bit, one way, is an exact
       # trace that no summation order leaves.
       faults += _rule_stuck(f)
     beyond = f.has_ref and f.noise_ratio > REORDERING_ENVELOPE
-    if not faults and (beyond or (f.share <= SPARSE_EXACT_SHARE and
-                                  f.bits_per_diff <= SPARSE_EXACT_BITS)):
+    rounded = _rule_rounded_outputs(f)
+    if not faults and not rounded and (
+        beyond or (f.share <= SPARSE_EXACT_SHARE and
+                   f.bits_per_diff <= SPARSE_EXACT_BITS)):
       # A few elements moved by 8 or more ulps where every other element is
       # bitwise golden: in a 16-bit format such a flip can stay inside the
       # envelope (16x the golden kernel's own rounding of u), yet no
@@ -241,8 +249,8 @@ def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
     dense = []
     rest = f.ndiff - (f.n_out if faults else 0)
     if not whole and rest > 0:
-      dense = _rule_port(f) + _rule_rounding(f)
-  faults.sort(key=lambda c: -c.confidence)
+      dense = rounded + _rule_port(f) + _rule_rounding(f)
+  faults = _rank_faults(faults, f)
   dense.sort(key=lambda c: -c.confidence)
   if faults:
     top, second = faults[0], (dense[0] if dense else None)
@@ -262,6 +270,16 @@ def _decomposed(f: _Facts, cands: list[Candidate]) -> Diagnosis:
     verdict = _record_verdict(second.model, f)
   return Diagnosis(top.model, top.confidence, top.evidence, top.params,
                    tuple(faults + dense) or (top,), verdict, second)
+
+
+def _rank_faults(faults: list[Candidate], f: _Facts) -> list[Candidate]:
+  """Faults by confidence, except that flips explaining every outlier
+  (``covers``) outrank the NaN/Inf some of those flips made: a NaN among
+  few flipped elements is the flip's, not a cause of its own."""
+  def explains_all(c: Candidate) -> bool:
+    return (c.model == "bitflip" and f.dec and f.n_out > 0
+            and int(c.params.get("covers", 0)) >= f.n_out)
+  return sorted(faults, key=lambda c: (not explains_all(c), -c.confidence))
 
 
 def _worse(a: str, b: str) -> bool:

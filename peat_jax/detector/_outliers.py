@@ -31,6 +31,8 @@ import math
 import numpy as np
 
 from peat_jax import core as _core
+from peat_jax.analyzer.signature._decompose import (
+    MATCH_OUTLIERS, MULTI_FLIP_MIN_BITS)
 from peat_jax.detector._facts import (
     Candidate, FORMAT_MAX, MIN_PATTERN, NARROW_FORMATS, PERMUTED_ERROR,
     _Facts, _pct, outliers_within_long_sum, working_sum_bound)
@@ -193,11 +195,11 @@ def _rule_outliers(f: _Facts) -> list[Candidate]:
           f"{fmt} maximum {FORMAT_MAX[fmt]:g}: a conversion overflowed",
           {"format": fmt, "to": "inf", "count": new_inf}), new_inf)]
     if sparse and flip1 + flip2 >= 0.9 * n_out:
-      bits = [int(k) for k in np.nonzero(s["out_flip_bits"])[0]]
+      bits = _flipped_bits(f)
       out.append(_covers(Candidate(
           "bitflip", 0.97,
           f"{newnf} elements became NaN/Inf, each back within rounding "
-          f"after flipping {'one bit' if not flip2 else 'one or two bits'}"
+          f"after flipping {_how_many_bits(f, flip2)}"
           f" (bits {bits[:8]}: {_fields(f, bits)})",
           {"count": n_out, "bits": bits}), n_out))
     out.append(_covers(Candidate(
@@ -283,19 +285,20 @@ def _rule_outliers(f: _Facts) -> list[Candidate]:
           {"bit": k, "polarity": polarity, "count": n_out}), n_out))
       return out
   if sparse and flip1 + flip2 >= 0.9 * n_out:
-    bits = [int(b) for b in np.nonzero(flips)[0]]
+    bits = _flipped_bits(f)
     out.append(_covers(Candidate(
         "bitflip", 0.93,
         f"{n_out} outliers ({_pct(n_out / f.n)}), each back within rounding "
-        f"after flipping {'one bit' if not flip2 else 'one or two bits'} "
+        f"after flipping {_how_many_bits(f, flip2)} "
         f"(bits {bits[:8]}: {_fields(f, bits)}); every other element is "
         "within rounding", {"count": n_out, "bits": bits}), n_out))
     return out
   if sparse:
     out.append(_covers(Candidate(
         "random_value", 0.88,
-        f"{n_out} outliers ({_pct(n_out / f.n)}) hold values no one- or "
-        f"two-bit flip explains (max error {float(s['out_abs_max']):.3g}, "
+        f"{n_out} outliers ({_pct(n_out / f.n)}) hold values no flip of "
+        f"{_max_flips(f)} or fewer bits explains (max error "
+        f"{float(s['out_abs_max']):.3g}, "
         f"{float(s['out_abs_max']) / max(float(s['golden_rms']), 1e-300):.3g}"
         " x RMS golden); every other element is within rounding",
         {"count": n_out}), n_out))
@@ -314,6 +317,33 @@ def _rounded_to_zero(s) -> str | None:
     if rep[i] >= 0.99 and zmax <= fm.min_normal * 2.0 ** -fm.mantissa_bits:
       return fmt
   return None
+
+
+def _max_flips(f: _Facts) -> int:
+  """The most bit flips the decomposition tried on each outlier."""
+  return 3 if f.nbits >= MULTI_FLIP_MIN_BITS else 2
+
+
+def _how_many_bits(f: _Facts, flip2: int) -> str:
+  if not flip2:
+    return "one bit"
+  return "one to three bits" if _max_flips(f) == 3 else "one or two bits"
+
+
+def _flipped_bits(f: _Facts) -> list[int]:
+  """The bit positions of the flips: each one-flip outlier's bit, and the
+  bits that at least half the gathered outliers differ in above the
+  outlier envelope (``2**k`` ulps beyond ``env_theta`` units: rounding
+  noise of the base moves only the bits below it), which a multi-bit
+  upset's outliers share."""
+  s = f.s
+  one = {int(k) for k in np.nonzero(np.asarray(s["out_flip_bits"]))[0]}
+  xor = np.asarray(s["out_bits_xor"], np.int64)
+  counted = max(min(f.n_out, MATCH_OUTLIERS), 1)
+  floor = math.log2(max(float(s["env_theta"]), 1.0))
+  high = {k for k in range(xor.shape[0])
+          if xor[k] >= 0.5 * counted and (k >= f.mant or k > floor)}
+  return sorted(one | high)
 
 
 def _fields(f: _Facts, bits) -> str:

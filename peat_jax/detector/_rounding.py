@@ -129,26 +129,108 @@ def _within_truncation(f: _Facts, bound: float) -> bool:
   return f.rel_max <= 4 * bound
 
 
-def _rule_rounding(f: _Facts) -> list[Candidate]:
-  """Dense, bounded errors: truncation, precision, accumulation, reordering."""
+#: Round to nearest is unbiased at every value: the share of its error's
+#: variance between bins of r (``value_r2``) is the bins' sampling noise
+#: (128 bins: ~0.01 on 10^4 elements; tf32 inputs of a K = 768 matmul:
+#: 0.009). From this share on, the error is a function of the value (a
+#: truncation's bias, another closed form), never an input rounding.
+ROUNDING_VALUE_R2 = 0.3
+#: Round toward zero leaves a relative error U 2u / m (U uniform in
+#: [0, 1), m the significand in [1, 2)): on average u E[1/m] = u / (2 ln 2)
+#: = 0.72 u over log-uniform significands. A product of two truncated
+#: operands shrinks by twice that, u / ln 2 = 1.44 u, and so does their sum.
+TRUNCATED_OPERAND_SHRINK = 1.0 / (2.0 * math.log(2.0))
+#: The formats whose operand truncation is tested, by kernel (a GEMM's
+#: tensor cores truncate raw float32 operands to tf32).
+_TRUNCATION_FORMATS = ("tf32", "bf16", "fp16")
+
+
+def _truncated_operands(f: _Facts) -> list[Candidate]:
+  """Operands rounded toward zero into a narrower format: the output
+  shrinks by the predicted share (``TRUNCATED_OPERAND_SHRINK`` u(fmt) per
+  truncated operand; one or both of a GEMM's), and what the shrink leaves
+  is one rounding of the inputs (``INPUT_ROUNDING_LEVEL`` u(fmt)), each
+  within ``LEVEL_OCTAVES``. ``precision:<fmt>`` with the rounding mode in
+  its parameters, like round to nearest (``_level_hypotheses``)."""
   s = f.s
-  out = []
-  if not f.ndiff:
-    return out
-  repr_t = {k: float(v) for k, v in zip(NARROW_FORMATS, s["repr_test"])}
-  repr_g = {k: float(v) for k, v in zip(NARROW_FORMATS, s["repr_golden"])}
-  # Formats the test output is confined to (and golden is not).
+  if not (f.dec and f.has_ref and f.work in ("fp32", "fp64")):
+    return []
+  delta, resid = float(s["fit_delta"]), float(s["fit_resid"])
+  if not (math.isfinite(delta) and math.isfinite(resid)) or delta >= 0:
+    return []
+  kernel = str(f.context.get("kernel", "")).split(":")[0]
+  operands = 2 if kernel in _GEMM_KERNELS else 1
+  for fmt in _TRUNCATION_FORMATS:
+    u = UNIT_ROUNDOFF[fmt]
+    if u <= f.u:
+      continue
+    for k in range(operands, 0, -1):
+      shrink = k * TRUNCATED_OPERAND_SHRINK * u
+      d_shrink = abs(math.log2(-delta / shrink))
+      d_rest = abs(math.log2(max(resid, 1e-300) / (INPUT_ROUNDING_LEVEL * u)))
+      if d_shrink <= LEVEL_OCTAVES / 2 and d_rest <= LEVEL_OCTAVES:
+        what = "both operands" if k == 2 else "an operand"
+        return [Candidate(
+            f"precision:{fmt}", 0.9 - 0.05 * (d_shrink + d_rest),
+            f"t = (1 {delta:+.3g}) r: the outputs shrink by "
+            f"{-delta / u:.3g} u({fmt}), where {what} rounded toward zero "
+            f"to {fmt} predict {k * TRUNCATED_OPERAND_SHRINK:.3g} u "
+            f"({d_shrink:.2g} octaves); the rest, {resid:.3g} of the "
+            f"scale, is one rounding of the inputs (0.6 u({fmt}), "
+            f"{d_rest:.2g} octaves): inputs truncated to {fmt}",
+            {"format": fmt, "where": "inputs", "rounding": "toward_zero",
+             "operands": k, "shrink_u": -delta / u})]
+  return []
+
+
+#: The elements beyond the golden envelope are a format's rounding when at
+#: least this share of them are golden rounded to it (``n_rounded``, an
+#: exact per-element relation; as MATCH_SHARE for the other exact traces).
+ROUNDED_SHARE = 0.9
+
+
+def _rule_rounded_outputs(f: _Facts) -> list[Candidate]:
+  """Elements that equal their golden value rounded to a coarser format
+  (either direction; ``n_rounded``): that format's precision on the
+  elements it covers, never a fault's outliers nor a permutation (part
+  of an output computed or stored in bf16, a softmax rounded to bf16)."""
+  if (not f.dec or "n_rounded" not in f.s or not f.n_beyond
+      or _narrowest(f) is not None):
+    return []  # a whole output in the format: the representability rules
+  counts = np.asarray(f.s["n_rounded"], np.int64)
+  k = int(np.argmax(counts))
+  if counts[k] < ROUNDED_SHARE * f.n_beyond:
+    return []
+  fmt = NARROW_FORMATS[k]
+  return [Candidate(
+      f"precision:{fmt}", 0.96,
+      f"{int(counts[k])} elements ({_pct(counts[k] / f.n)}) are their golden "
+      f"values rounded to {fmt} (representable there, within one {fmt} ulp; "
+      f"{f.n_beyond} elements are beyond the golden envelope): outputs "
+      f"rounded to {fmt}, on {'all' if counts[k] >= 0.99 * f.ndiff else 'part'}"
+      " of the output", {"format": fmt, "where": "output",
+                         "rounded": int(counts[k]), "covers": int(counts[k])})]
+
+
+def _narrowest(f: _Facts) -> str | None:
+  """The coarsest format the test output is confined to (and golden is
+  not): fp8 before fp16 before bf16; None when it fits none."""
+  repr_t = dict(zip(NARROW_FORMATS, map(float, f.s["repr_test"])))
+  repr_g = dict(zip(NARROW_FORMATS, map(float, f.s["repr_golden"])))
   narrow = [k for k in NARROW_FORMATS
             if repr_t[k] >= 0.99 and repr_g[k] <= repr_t[k] - 0.2]
-  narrowest = narrow[-1] if narrow else None
-  if narrow:
-    # The coarsest format the output fits (fp8 before fp16 before bf16).
-    narrowest = max(narrow, key=lambda k: UNIT_ROUNDOFF[k])
+  return max(narrow, key=lambda k: UNIT_ROUNDOFF[k]) if narrow else None
 
-  # Truncation against the float64 reference: the KUT never lands above
-  # the exact magnitude while the golden kernel (round to nearest) does as
-  # often as below. Needs the reference: against golden, the KUT's
-  # truncation of an exact result looks like noise of either sign.
+
+def _truncation(f: _Facts, narrowest: str | None
+                ) -> tuple[list[Candidate], bool]:
+  """Round toward zero, against the float64 reference (final when it
+  holds) or by the direction of every changed magnitude."""
+  s = f.s
+  # Against the reference the KUT never lands above the exact magnitude
+  # while the golden kernel (round to nearest) does as often as below;
+  # against golden, the KUT's truncation of an exact result looks like
+  # noise of either sign.
   bound, fmt = _truncation_bound(f, narrowest or f.work)
   # The magnitude gate is a 16-bit one: there a correct kernel's second
   # rounding or a slip below the format's resolution moves a few elements
@@ -163,139 +245,175 @@ def _rule_rounding(f: _Facts) -> list[Candidate]:
     g_up, g_dn = float(s["ref_golden_grown"]), float(s["ref_golden_shrunk"])
     if (t_up <= 0.01 * (t_up + t_dn) and t_dn >= 0.2 and g_up >= 0.25 * (
         g_up + g_dn) and _within_truncation(f, bound)):
-      out.append(Candidate(
+      return [Candidate(
           "truncation", 0.93,
           f"against the float64 reference {_pct(t_dn)} of outputs are "
           f"smaller in magnitude and {_pct(t_up)} larger (golden: "
           f"{_pct(g_dn)} / {_pct(g_up)}): results rounded toward zero",
-          {"format": fmt, "against": "reference"}))
-      return out
-  # Truncation: every changed magnitude went down, over many elements.
+          {"format": fmt, "against": "reference"})], True
   nonzero = f.n - int(s.get("n_golden_zero", 0))
   if (f.ndiff >= 16 and f.larger <= 0.01 * f.ndiff and f.smaller > 0
       and f.ndiff >= TRUNCATION_MIN_SHARE * nonzero
       and truncates and _within_truncation(f, bound)):
     conf = 0.95 if f.rel_max <= bound * 1.01 else 0.7
-    out.append(Candidate(
+    return [Candidate(
         "truncation", conf,
         f"{f.smaller} of {f.ndiff} differing elements shrank in magnitude "
         f"and {f.larger} grew; max relative "
         f"error {f.rel_max:.3g} vs 2u({fmt}) = {bound:.3g}: round toward "
-        "zero", {"format": fmt}))
+        "zero", {"format": fmt})], False
+  return [], False
 
-  if narrowest is not None:
-    u = UNIT_ROUNDOFF[narrowest]
-    # One rounding to nearest into fmt leaves every relative error <= u and
-    # a median near 3u/8 (a uniform position within the last place, over a
-    # log-uniform spread of significands); a running sum rounded at every
-    # add leaves more. A median above 3u/4 is therefore more than one
-    # rounding. (The median, not the max, is compared: values below the
-    # format's normal range round more coarsely.)
-    is_acc = f.rel_med > 0.75 * u
-    if not is_acc:
-      out.append(Candidate(
-          f"precision:{narrowest}", 0.95,
-          f"{_pct(repr_t[narrowest])} of outputs are exact {narrowest} "
-          f"values (golden {_pct(repr_g[narrowest])}) and the median relative "
-          f"error {f.rel_med:.3g} is within one rounding (<= 3u/4 = "
-          f"{0.75 * u:.3g}): "
-          f"outputs rounded to {narrowest}",
-          {"format": narrowest, "where": "output"}))
-    else:
-      out.append(Candidate(
-          f"accumulation:{narrowest}", 0.85,
-          f"{_pct(repr_t[narrowest])} of outputs are exact {narrowest} "
-          f"values but the median relative error {f.rel_med:.3g} exceeds "
-          f"one rounding (3u/4 = {0.75 * u:.3g}): partial sums were "
-          f"kept in {narrowest}", {"format": narrowest}))
-    return out
 
-  # Outputs at working precision: the error level tells the story.
-  level = f.rel_med
-  # A 16-bit output's benign envelope is the verdict's: another correct
-  # order rounds once (or two or three times) into the same format, so a
-  # KUT beyond BENIGN_NOISE_RATIO x golden's distance to float64 there is
-  # no reordering; the level rules below name it (a bf16 accumulation).
-  no_reorder = f.has_ref and f.u >= UNIT_ROUNDOFF["fp16"] and not (
+def _narrow_outputs(f: _Facts, fmt: str) -> list[Candidate]:
+  """Outputs confined to ``fmt``: one rounding into it, or partial sums
+  kept in it. One rounding to nearest leaves every relative error <= u and
+  a median near 3u/8 (a uniform position within the last place, over a
+  log-uniform spread of significands); a running sum rounded at every add
+  leaves more, so a median above 3u/4 is more than one rounding. (The
+  median, not the max: values below the normal range round coarser.)"""
+  u = UNIT_ROUNDOFF[fmt]
+  shares = dict(zip(NARROW_FORMATS, map(float, f.s["repr_test"])))
+  gold = dict(zip(NARROW_FORMATS, map(float, f.s["repr_golden"])))
+  if not f.rel_med > 0.75 * u:
+    return [Candidate(
+        f"precision:{fmt}", 0.95,
+        f"{_pct(shares[fmt])} of outputs are exact {fmt} values (golden "
+        f"{_pct(gold[fmt])}) and the median relative error {f.rel_med:.3g} "
+        f"is within one rounding (<= 3u/4 = {0.75 * u:.3g}): outputs "
+        f"rounded to {fmt}", {"format": fmt, "where": "output"})]
+  return [Candidate(
+      f"accumulation:{fmt}", 0.85,
+      f"{_pct(shares[fmt])} of outputs are exact {fmt} values but the "
+      f"median relative error {f.rel_med:.3g} exceeds one rounding (3u/4 = "
+      f"{0.75 * u:.3g}): partial sums were kept in {fmt}", {"format": fmt})]
+
+
+def _no_reorder(f: _Facts) -> bool:
+  """A 16-bit output's benign envelope is the verdict's: another correct
+  order rounds once (or two or three times) into the same format, so a
+  KUT beyond BENIGN_NOISE_RATIO x golden's distance to float64 there is no
+  reordering; the level rules name it (a bf16 accumulation)."""
+  return f.has_ref and f.u >= UNIT_ROUNDOFF["fp16"] and not (
       f.noise_ratio <= BENIGN_NOISE_RATIO)
-  if f.dec and f.n_beyond <= f.n_out and f.has_ref and not no_reorder:
-    # Nothing but the outliers (explained by a fault, if any) is beyond the
-    # golden envelope: rounding noise.
-    clean = f.n_out == 0
-    conf = (0.95 if not clean or f.noise_ratio <= NOISE_FLOOR_MULTIPLIER * 2
-            else 0.85)
-    out.append(Candidate(
-        "reordering", conf,
-        f"rounding noise: every element{'' if clean else ' but the outliers'}"
-        f" is within {f.theta_g:.3g} units of "
-        f"u({f.work}) x its scale of the float64 reference (16x the golden "
-        f"kernel's largest, {float(s['env_golden_z']):.3g}); median relative "
-        f"error {level:.3g}, bias {float(s['bias']):+.2f}, KUT/golden RMS "
-        f"error vs float64 = {f.noise_ratio:.3g}",
-        {"level_u": level / f.u}))
-    return out
-  within_floor = f.has_ref and f.noise_ratio <= NOISE_FLOOR_MULTIPLIER * 2
-  # Another order of the same float32 sum stays within a small multiple of
-  # the golden kernel's own error; far beyond it (a few huge errors under a
-  # small median) is no reordering, whatever the median says.
+
+
+def _within_envelope(f: _Facts) -> list[Candidate]:
+  """Nothing but the outliers (explained by a fault, if any) is beyond the
+  golden envelope: rounding noise."""
+  if not (f.dec and f.n_beyond <= f.n_out and f.has_ref):
+    return []
+  clean = f.n_out == 0
+  conf = (0.95 if not clean or f.noise_ratio <= NOISE_FLOOR_MULTIPLIER * 2
+          else 0.85)
+  return [Candidate(
+      "reordering", conf,
+      f"rounding noise: every element{'' if clean else ' but the outliers'}"
+      f" is within {f.theta_g:.3g} units of u({f.work}) x its scale of the "
+      f"float64 reference (16x the golden kernel's largest, "
+      f"{float(f.s['env_golden_z']):.3g}); median relative error "
+      f"{f.rel_med:.3g}, bias {float(f.s['bias']):+.2f}, KUT/golden RMS "
+      f"error vs float64 = {f.noise_ratio:.3g}",
+      {"level_u": f.rel_med / f.u})]
+
+
+def _within_floor(f: _Facts) -> list[Candidate]:
+  """Unbiased noise near the golden kernel's own floor. Another order of
+  the same float32 sum stays within a small multiple of the golden
+  kernel's own error; far beyond it (a few huge errors under a small
+  median) is no reordering, whatever the median says."""
+  within = f.has_ref and f.noise_ratio <= NOISE_FLOOR_MULTIPLIER * 2
   far_beyond = f.has_ref and not f.noise_ratio <= REORDERING_ENVELOPE
-  if (within_floor or (level <= 16 * f.u and not far_beyond)) and not (
-      no_reorder):
-    conf = 0.95 if within_floor else 0.8
-    floor = (f"KUT/golden RMS error vs float64 = {f.noise_ratio:.3g}"
-             if f.has_ref else "no float64 reference")
-    out.append(Candidate(
-        "reordering", conf,
-        f"unbiased rounding noise: median relative error {level:.3g} "
-        f"({level / f.u:.3g} u({f.work})), bias {float(s['bias']):+.2f}, "
-        f"{f.larger} up / {f.smaller} down; {floor}",
-        {"level_u": level / f.u}))
-    return out
-  # The largest error at the output's scale (max(|golden|, its RMS)): an
-  # output whose terms cancel carries the sum's error at the terms' scale.
-  scaled_max = float(_analyzer.relative_to_scale(s)["rel_max"])
+  if not (within or (f.rel_med <= 16 * f.u and not far_beyond)):
+    return []
+  floor = (f"KUT/golden RMS error vs float64 = {f.noise_ratio:.3g}"
+           if f.has_ref else "no float64 reference")
+  return [Candidate(
+      "reordering", 0.95 if within else 0.8,
+      f"unbiased rounding noise: median relative error {f.rel_med:.3g} "
+      f"({f.rel_med / f.u:.3g} u({f.work})), bias "
+      f"{float(f.s['bias']):+.2f}, {f.larger} up / {f.smaller} down; "
+      f"{floor}", {"level_u": f.rel_med / f.u})]
+
+
+def _long_sum_order(f: _Facts) -> list[Candidate]:
+  """Far beyond the golden kernel's error yet within what a K-term sum
+  kept in the working format reaches in a correct order (XLA's blocked
+  sum is far more accurate than one added in order), its largest error at
+  the output's scale (max(|golden|, its RMS)) too: another order."""
+  scaled_max = float(_analyzer.relative_to_scale(f.s)["rel_max"])
   long_bound = long_sum_bound(f)
-  if (f.has_ref and not no_reorder and within_long_sum(f)
-      and scaled_max <= WORKING_SUM_MAX * long_bound):
-    # Far beyond the golden kernel's error yet within what a K-term sum
-    # kept in the working format reaches in a correct order (XLA's blocked
-    # sum is far more accurate than one added in order): another order.
-    k = int(f.context["reduction"])
-    out.append(Candidate(
-        "reordering", 0.8,
-        f"another order of a long sum: median relative error {level:.3g}, "
-        f"max {scaled_max:.3g} (against max(|golden|, its RMS)), within "
-        f"{ACCUMULATION_LEVEL:g} sqrt(K) u({f.work}) x 2^{LEVEL_OCTAVES:g} "
-        f"= {long_bound:.3g} for "
-        f"K = {k} terms kept in {f.work} (a correct sum in another order "
-        f"reaches it); KUT/golden RMS error vs float64 = "
-        f"{f.noise_ratio:.3g}", {"level_u": level / f.u}))
-    return out
-  if f.dec and float(s["value_r2"]) >= 0.6:
-    return out  # a function of the value: a closed form, not input rounding
-  best, dist = None, math.inf
+  if not (f.has_ref and within_long_sum(f)
+          and scaled_max <= WORKING_SUM_MAX * long_bound):
+    return []
+  k = int(f.context["reduction"])
+  return [Candidate(
+      "reordering", 0.8,
+      f"another order of a long sum: median relative error {f.rel_med:.3g}, "
+      f"max {scaled_max:.3g} (against max(|golden|, its RMS)), within "
+      f"{ACCUMULATION_LEVEL:g} sqrt(K) u({f.work}) x 2^{LEVEL_OCTAVES:g} "
+      f"= {long_bound:.3g} for K = {k} terms kept in {f.work} (a correct "
+      f"sum in another order reaches it); KUT/golden RMS error vs float64 "
+      f"= {f.noise_ratio:.3g}", {"level_u": f.rel_med / f.u})]
+
+
+def _level(f: _Facts) -> list[Candidate]:
+  """Outputs at working precision whose median relative error is one of
+  the level hypotheses' (inputs rounded to nearest into a format, a
+  narrow accumulator), within LEVEL_OCTAVES; never for an error that is a
+  function of the value (``ROUNDING_VALUE_R2``)."""
+  if f.dec and float(f.s["value_r2"]) >= ROUNDING_VALUE_R2:
+    return []  # a closed form or a truncation's bias, not input rounding
+  level = f.rel_med
+  best, dist, pred = None, math.inf, math.nan
   for model, predicted in _level_hypotheses(f.context, f.work):
     d = abs(math.log2(max(level, 1e-300)) - math.log2(predicted))
     if d < dist:
       best, dist, pred = model, d, predicted
-  if best is not None and dist <= LEVEL_OCTAVES:
-    fmt = best.split(":")[1]
-    if best.startswith("accumulation"):
-      why = (f"0.3 sqrt(K) u({fmt}) = {pred:.3g} for a K = "
-             f"{int(f.context['reduction'])} reduction whose running sum is "
-             f"kept in {fmt}")
-    else:
-      why = (f"0.6 u({fmt}) = {pred:.3g} for inputs or intermediates rounded "
-             f"to {fmt}")
-    port = f.context.get("port") or {}
-    # The probe computed the kernel on rounded inputs and they did not
-    # explain it: the level alone is weaker evidence than that.
-    probed = any(str(n).startswith("inputs_") for n in port.get("tried", ())
-                 ) and not port.get("explains")
-    out.append(Candidate(
-        best, (0.7 if probed else 0.85) - 0.1 * dist,
-        f"outputs are at working precision with median relative error "
-        f"{level:.3g}, {dist:.2g} octaves from {why}",
-        {"format": fmt, "where": "inputs" if best.startswith("precision")
-         else "accumulator"}))
+  if best is None or dist > LEVEL_OCTAVES:
+    return []
+  fmt = best.split(":")[1]
+  if best.startswith("accumulation"):
+    why = (f"0.3 sqrt(K) u({fmt}) = {pred:.3g} for a K = "
+           f"{int(f.context['reduction'])} reduction whose running sum is "
+           f"kept in {fmt}")
+  else:
+    why = (f"0.6 u({fmt}) = {pred:.3g} for inputs or intermediates rounded "
+           f"to {fmt}")
+  port = f.context.get("port") or {}
+  # The probe computed the kernel on rounded inputs and they did not
+  # explain it: the level alone is weaker evidence than that.
+  probed = any(str(n).startswith("inputs_") for n in port.get("tried", ())
+               ) and not port.get("explains")
+  return [Candidate(
+      best, (0.7 if probed else 0.85) - 0.1 * dist,
+      f"outputs are at working precision with median relative error "
+      f"{level:.3g}, {dist:.2g} octaves from {why}",
+      {"format": fmt, "where": "inputs" if best.startswith("precision")
+       else "accumulator", "rounding": "nearest_even"})]
+
+
+def _rule_rounding(f: _Facts) -> list[Candidate]:
+  """Dense, bounded errors: truncation, precision, accumulation,
+  reordering. The hypotheses in order; the first that holds ends the
+  search (a truncation by direction is kept beside the next)."""
+  if not f.ndiff:
+    return []
+  narrowest = _narrowest(f)
+  out, final = _truncation(f, narrowest)
+  if final:
+    return out
+  if narrowest is not None:
+    return out + _narrow_outputs(f, narrowest)
+  # Outputs at working precision: the error level tells the story.
+  stages = ((_level,) if _no_reorder(f) else
+            (_within_envelope, _within_floor, _long_sum_order, _level))
+  for stage in stages:
+    if stage is _level:
+      found = _truncated_operands(f)
+      if found:
+        return out + found
+    found = stage(f)
+    if found:
+      return out + found
   return out

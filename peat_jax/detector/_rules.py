@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from peat_jax.analyzer.signature._decompose import MULTI_FLIP_MIN_BITS
 from peat_jax.detector._facts import (
     BENIGN_NOISE_RATIO, Candidate, FORMAT_MAX, MIN_NORMAL, MIN_PATTERN,
     PERMUTED_ERROR, _Facts, _pct, long_sum_bound)
@@ -47,7 +48,12 @@ def _rule_nonfinite(f: _Facts) -> list[Candidate]:
         "conversion overflowed", {"format": fmt, "to": "inf",
                                   "count": new_inf})]
   out = []
-  if f.ndiff <= 0.25 * f.n and f.bits_per_diff <= 2.0:
+  # A flip of one or two bits per differing element; of up to three
+  # (32/64-bit records, MULTI_FLIP_MIN_BITS) where every differing element
+  # became NaN/Inf (over a noisy base the average counts its bits too).
+  flips = (3.0 if f.nbits >= MULTI_FLIP_MIN_BITS and f.ndiff == new
+           else 2.0)
+  if f.ndiff <= 0.25 * f.n and f.bits_per_diff <= flips:
     bits = [int(k) for k in np.nonzero(f.xor)[0]]
     out.append(Candidate(
         "bitflip", 0.98,

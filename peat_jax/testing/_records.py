@@ -63,7 +63,7 @@ n n_nan_test n_nan_golden n_inf_test n_inf_golden n_finite_pairs
 n_nonfinite_new n_zeroed n_flushed n_golden_subnormal n_saturated
 n_saturated_fp16 n_saturated_fp8_e4m3 n_golden_zero n_overflow dtype_code
 is_permutation best_shift_col best_shift_row has_reference decomposed
-n_nonfinite_mismatch n_tiny n_tiny_zeroed n_out_zero
+n_nonfinite_mismatch n_tiny n_tiny_zeroed n_out_zero n_rounded
 """
 _VALUE = "golden_absmax golden_rms loss_golden"
 #: Magnitudes of the pseudo-error (a factor apart at most).

@@ -45,7 +45,8 @@ import numpy as np
 from jax import lax
 
 from peat_jax import core as _core
-from peat_jax.analyzer.signature._bits import _from_bits, _uint, sample_jitter
+from peat_jax.analyzer.signature._bits import (
+    _from_bits, _representable, _uint, sample_jitter)
 from peat_jax.analyzer.signature._layout import (
     Layout, cols_sum, flat, layout, per_element, rows_sum, seg_sum,
     tile_counts)
@@ -107,6 +108,16 @@ SMALL_VALUE = {"fp32": 1e-6, "fp64": 1e-6, "bf16": 1e-3, "fp16": 1e-3}
 ULP_LIMIT = {"fp32": 32, "fp64": 32, "bf16": 1, "fp16": 1}
 #: Bit histograms and the permutation test read at most this many outliers.
 MATCH_OUTLIERS = 4096
+#: Records at least this wide also test a third flip (``n_out_flip2``
+#: counts outliers back within the envelope after two or three flips of
+#: their highest differing bits: a multi-bit upset). A random float32
+#: value comes back within the outlier envelope (~64 units: the lowest
+#: six bits) after three such flips only when at most three of its other
+#: 26 bits differ from golden: a binomial tail of 2951 / 2**26 = 4e-5. A
+#: 16-bit record keeps ~12 bits above its wide envelope, where three
+#: flips would take 299 / 2**12 = 7% of random values (two: 2%), so it
+#: stops at two.
+MULTI_FLIP_MIN_BITS = 32
 
 
 class Decomposition(NamedTuple):
@@ -127,7 +138,7 @@ class Decomposition(NamedTuple):
   n_out: Array  # int32: outliers (finite pairs beyond theta, new non-finite)
   n_out_zero: Array  # int32: outliers with t == +-0
   n_out_flip1: Array  # int32: outliers back in the envelope by one bit flip
-  n_out_flip2: Array  # int32: ... by two bit flips (not one)
+  n_out_flip2: Array  # int32: ... by two (32/64-bit: or three) flips, not one
   n_out_moved: Array  # int32: outliers whose sorted values equal their
   #   sorted references within the envelope (a permutation among them)
   n_out_matched: Array  # int32: outliers compared so (all, when <= 4096)
@@ -167,6 +178,8 @@ class Decomposition(NamedTuple):
   n_ulps_test: Array  # int32: |t - r| beyond ULP_LIMIT ulps of r's format
   n_ulps_golden: Array  # int32: |g - r| beyond ULP_LIMIT ulps
   n_nonfinite_mismatch: Array  # int32: isnan or isinf differ between t, g
+  n_rounded: Array  # int32[5]: elements that are golden rounded to each
+  #   coarser NARROW_FORMATS format (32/64-bit records; never outliers)
 
 
 def empty(rows: int, cols: int, nbits: int) -> Decomposition:
@@ -184,7 +197,7 @@ def empty(rows: int, cols: int, nbits: int) -> Decomposition:
       f(2 * SHIFT_RANGE + 1), nan, jnp.int32(0), nan, nan, nan, f(rows),
       f(rows), f(rows), nan, nan, nan, z(5), z(5), nan, nan, jnp.int32(0),
       jnp.int32(0), jnp.int32(0), nan, nan, jnp.int32(0), jnp.int32(0),
-      jnp.int32(0))
+      jnp.int32(0), z(5))
 
 
 def _sample_median(z: Array, valid: Array) -> Array:
@@ -228,6 +241,34 @@ def _tiles(mask: Array, lay: Layout) -> tuple[Array, Array]:
 def _top_bit(x: Array, nbits: int) -> Array:
   """Index of the highest set bit of unsigned ``x`` (-1 for 0), int32."""
   return (nbits - 1) - lax.clz(x).astype(jnp.int32)
+
+
+def _rounded_golden(t: Array, g: Array, finite: Array) -> Array:
+  """Per NARROW_FORMATS (bool[5, ...]): where ``t`` is its own golden value rounded to a coarser narrow
+  format (either direction): ``t`` nonzero and representable there, ``g``
+  not, and ``|t - g|`` at most one of that format's ulps at ``g``. Such
+  an element is that format's rounding, never a fault's outlier nor a
+  permuted value (a softmax rounded to bf16 among densely packed outputs
+  lines up with other places' golden values). Zeros are left to the
+  zero and flush rules. Exact in the bits for the representability
+  (``_representable``); the ulp from ``frexp``."""
+  dtype = np.dtype(t.dtype)
+  uty = _uint(dtype)
+  rep_t = _representable(lax.bitcast_convert_type(t, uty), dtype)
+  rep_g = _representable(lax.bitcast_convert_type(g, uty), dtype)
+  cdt = jnp.float64 if dtype == np.float64 else jnp.float32
+  tc, gc = t.astype(cdt), g.astype(cdt)
+  diff = jnp.abs(tc - gc)
+  _, ex = jnp.frexp(gc)  # |g| = m 2**ex, m in [0.5, 1)
+  live = finite & (tc != 0)
+  hits = []
+  for name, rt, rg in zip(_core.NARROW_FORMATS, rep_t, rep_g):
+    fm = _core.FORMATS[name]
+    emin = int(np.log2(fm.min_normal))
+    ulp = jnp.ldexp(jnp.ones((), cdt),
+                    jnp.maximum(ex - 1, emin) - fm.mantissa_bits)
+    hits.append(live & rt & ~rg & (diff <= ulp))
+  return jnp.stack(hits)
 
 
 def _flip(u: Array, bit: Array) -> Array:
@@ -452,8 +493,11 @@ def envelope(t: Array, g: Array, ref_hi: Array | None,
   if dtype.itemsize == 2:
     row_rms = jnp.maximum(row_rms, ROW_FLOOR16 * all_rms)
   scale = jnp.abs(r) + per_element(lay, row_rms)
+  # The unit is floored at the smallest normal: u * scale underflows for
+  # outputs below tiny / u (2e-31 in float32), and XLA flushes subnormal
+  # results, which made every z there 0/0 (an envelope of NaN units).
   tiny = jnp.finfo(cdt).tiny
-  unit = u * jnp.maximum(scale, tiny)
+  unit = jnp.maximum(u * scale, tiny)
   et = jnp.where(fp, jnp.abs((jnp.where(fin_t, tc, 0.0) - r) - lo), 0.0)
   eg = jnp.where(fp, jnp.abs((jnp.where(fin_g, gc, 0.0) - r) - lo), 0.0)
   zt = et / unit
@@ -547,6 +591,12 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
     theta = jnp.maximum(theta, OUTLIER16_MIN_Z)
   env = theta * unit
   out = (fp & (zt > theta)) | new_nf  # beyond the KUT's own noise too
+  if nbits >= 32:
+    rounded = _rounded_golden(t2, g2, fp)
+    out = out & ~jnp.any(rounded, axis=0)
+    n_rounded = jnp.sum(rounded, axis=1, dtype=jnp.int32)
+  else:
+    n_rounded = jnp.zeros((len(_core.NARROW_FORMATS),), jnp.int32)
   n_out = jnp.sum(out, dtype=jnp.int32)
   # Bits of the outliers against golden: one flip (the highest differing
   # bit), then a second; counts over all outliers, the positions' histograms
@@ -560,8 +610,14 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   v1 = _from_bits(t1, dtype).astype(cdt)
   ok1 = jnp.isfinite(v1) & (jnp.abs((v1 - r) - lo) <= env)
   top2 = _top_bit(t1 ^ ug, nbits)
-  v2 = _from_bits(_flip(t1, top2), dtype).astype(cdt)
+  t2b = _flip(t1, top2)
+  v2 = _from_bits(t2b, dtype).astype(cdt)
   ok2 = jnp.isfinite(v2) & (jnp.abs((v2 - r) - lo) <= env) & (top2 >= 0)
+  if nbits >= MULTI_FLIP_MIN_BITS:
+    top3 = _top_bit(t2b ^ ug, nbits)
+    v3 = _from_bits(_flip(t2b, top3), dtype).astype(cdt)
+    ok2 = ok2 | (jnp.isfinite(v3) & (jnp.abs((v3 - r) - lo) <= env)
+                 & (top3 >= 0))
   flip1 = out & ok1 & (top1 >= 0)
   flip2 = out & ~flip1 & ok2
   t0 = (ut << jnp.array(1, uty)) == 0
@@ -683,4 +739,4 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
       f32(bal(dt)), f32(bal(dg)),
       jnp.sum(fp & (jnp.abs(dt) > lim), dtype=jnp.int32),
       jnp.sum(fp & (jnp.abs(dg) > lim), dtype=jnp.int32),
-      e.n_nonfinite_mismatch)
+      e.n_nonfinite_mismatch, n_rounded)

@@ -325,7 +325,7 @@ class Signature(NamedTuple):
       fit_resid, value_r2, n_tiny, n_tiny_zeroed, rel_max_test,
       rel_max_golden, n_small, n_small_err_test, n_small_err_golden,
       balance_test, balance_golden, n_ulps_test, n_ulps_golden,
-      n_nonfinite_mismatch.
+      n_nonfinite_mismatch, n_rounded.
   """
 
   n: Array
@@ -455,3 +455,4 @@ class Signature(NamedTuple):
   n_ulps_test: Array
   n_ulps_golden: Array
   n_nonfinite_mismatch: Array
+  n_rounded: Array
