@@ -10,7 +10,8 @@
   packages only through a package's facade, and never reach the model zoo,
   the tools, the bridges or torch;
 * inside a package made of parts (:data:`PARTS`: the Analyzer's references,
-  signature and probes; the Profiler's campaign files, golden runs,
+  signature and probes; the Detector's facts, hypotheses, verdicts and
+  calibration; the Profiler's campaign files, golden runs,
   playback, runtime FI, captures, isolation, scale-out, campaigns),
   imports point one way along the parts and across parts only through a
   part's facade;
@@ -61,6 +62,7 @@ LAYERS = ("core", "sites", "kernels", "injectors", "analyzer", "detector",
 #: only parts before it (and itself), through their facades.
 PARTS = {
     "analyzer": ("references", "signature", "probes"),
+    "detector": ("facts", "hypotheses", "verdicts", "calibration"),
     "profiler": ("files", "golden", "playback_fi", "runtime_fi", "capture",
                  "isolation", "scaleout", "fuzz", "campaigns"),
 }

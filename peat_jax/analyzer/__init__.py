@@ -15,6 +15,8 @@ facade; imports point one way):
 """
 
 from peat_jax.analyzer.signature import analyze as analyze
+from peat_jax.analyzer.signature import BASE_MODES as BASE_MODES
+from peat_jax.analyzer.signature import MATCH_OUTLIERS as MATCH_OUTLIERS
 from peat_jax.analyzer.signature import analyze_batch as analyze_batch
 from peat_jax.analyzer.signature import analyze_split as analyze_split
 from peat_jax.analyzer.signature import analyze_split_many as analyze_split_many
@@ -38,6 +40,7 @@ from peat_jax.analyzer.probes import metric_ratios as metric_ratios
 from peat_jax.analyzer.probes import port_probe as port_probe
 from peat_jax.analyzer.probes import probe_signatures as probe_signatures
 from peat_jax.analyzer.probes import probe_formats as probe_formats
+from peat_jax.analyzer.probes import variant_rounding as variant_rounding
 from peat_jax.analyzer.references import REFERENCES as REFERENCES
 from peat_jax.analyzer.references import reference as reference
 from peat_jax.analyzer.references import reference_attention as reference_attention

@@ -32,7 +32,11 @@ from peat_jax.injectors._forward import ForwardInjection as ForwardInjection
 from peat_jax.injectors._forward import forward_campaign as forward_campaign
 from peat_jax.injectors._kernel import injecting_kernel as injecting_kernel
 from peat_jax.injectors._rounding import kept_rounding as kept_rounding
+from peat_jax.injectors._rounding import ROUNDING_MODES as ROUNDING_MODES
 from peat_jax.injectors._rounding import round_nearest as round_nearest
+from peat_jax.injectors._rounding import round_nearest_away as round_nearest_away
+from peat_jax.injectors._rounding import round_to as round_to
+from peat_jax.injectors._rounding import round_toward_zero as round_toward_zero
 from peat_jax.injectors._trees import InjectGradientsState as InjectGradientsState
 from peat_jax.injectors._trees import inject_gradients as inject_gradients
 from peat_jax.injectors._trees import inject_tree as inject_tree

@@ -186,6 +186,49 @@ def round_toward_zero(x: jax.Array, fmt: Format) -> jax.Array:
   return jnp.where(finite, y, w).astype(x.dtype)
 
 
+def round_nearest_away(x: jax.Array, fmt: Format) -> jax.Array:
+  """Rounds ``x`` to the nearest value of ``fmt``, ties away from zero
+  (some hardware's conversion); keeps ``x.dtype``.
+
+  Half of ``fmt``'s spacing at ``|x|`` is added to the magnitude, then the
+  sum is rounded toward zero (:func:`round_toward_zero`): a tie lands on
+  the larger magnitude. NaN and Inf pass through.
+
+  Args:
+    x: floating array.
+    fmt: target format.
+
+  Returns:
+    An array of ``x.dtype`` whose values are representable in ``fmt``.
+  """
+  w = x.astype(working_dtype(x.dtype))
+  if _own_subnormal_step(fmt, w.dtype) is None and w.dtype == np.float32:
+    # tf32 and bf16 (float32's exponent range, its subnormals included):
+    # add half of the dropped bits, clear them, in the bits.
+    drop = 23 - fmt.mantissa_bits
+    u = (to_bits(w) + jnp.uint32(1 << (drop - 1))) & jnp.uint32(
+        ~((1 << drop) - 1) & 0xFFFFFFFF)
+    y = jnp.where(jnp.isfinite(w), from_bits(u, jnp.float32), w)
+    return y.astype(x.dtype)
+  emin = int(np.log2(fmt.min_normal))
+  _, ex = jnp.frexp(w)
+  half = jnp.ldexp(jnp.ones_like(w),
+                   jnp.maximum(ex - 1, emin) - fmt.mantissa_bits - 1)
+  return round_toward_zero(w + jnp.sign(w) * half, fmt).astype(x.dtype)
+
+
+def round_to(x: jax.Array, fmt: Format, mode: str) -> jax.Array:
+  """Rounds ``x`` into ``fmt`` in one of ROUNDING_MODES; keeps ``x.dtype``.
+
+  Raises:
+    PeatError: an unknown mode.
+  """
+  if mode not in ROUNDING_MODES:
+    raise PeatError(f"unknown rounding mode {mode!r}; use one of "
+                    f"{', '.join(ROUNDING_MODES)}")
+  return ROUNDING_MODES[mode](x, fmt)
+
+
 def kept_truncation(c: jax.Array, fmt: Format) -> jax.Array:
   """Finite ``c`` (float32 or float64, within +-``fmt.max``) rounded
   toward zero in ``fmt``, kept in ``c``'s dtype, without a convert to
@@ -222,3 +265,9 @@ def _own_subnormal_step(fmt: Format, dtype) -> float | None:
   if fmt.min_normal > float(ml_dtypes.finfo(dtype).smallest_normal):
     return fmt.min_normal * 2.0 ** -fmt.mantissa_bits
   return None
+
+
+#: The rounding modes a format is reached by, by name.
+ROUNDING_MODES = {"nearest_even": round_nearest,
+                  "toward_zero": round_toward_zero,
+                  "nearest_away": round_nearest_away}

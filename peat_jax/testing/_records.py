@@ -63,7 +63,8 @@ n n_nan_test n_nan_golden n_inf_test n_inf_golden n_finite_pairs
 n_nonfinite_new n_zeroed n_flushed n_golden_subnormal n_saturated
 n_saturated_fp16 n_saturated_fp8_e4m3 n_golden_zero n_overflow dtype_code
 is_permutation best_shift_col best_shift_row has_reference decomposed
-n_nonfinite_mismatch n_tiny n_tiny_zeroed n_out_zero n_rounded
+n_nonfinite_mismatch n_tiny n_tiny_zeroed n_out_zero n_rounded base_format
+base_candidate base_mode base_explained base_ties n_golden_explained
 """
 _VALUE = "golden_absmax golden_rms loss_golden"
 #: Magnitudes of the pseudo-error (a factor apart at most).
@@ -71,6 +72,7 @@ _ERROR_MAGNITUDE = """
 abs_max abs_mean abs_rms rel_max rel_mean rel_rms scale scale_spread
 ref_test_abs_max ref_test_abs_rms ref_test_rel_mean zeroed_golden_absmax
 z_max_test out_abs_max in_rel_rms fit_delta fit_resid rel_max_test
+out_err_sum out_sorted_err
 abs_pct rel_pct port.distance port.ratio port.reference_distance
 grad_rel_diff update_rel_diff loss_kut diagnosis.confidence
 diagnosis.secondary.confidence
@@ -79,12 +81,13 @@ diagnosis.secondary.confidence
 _ERROR_BOUNDED = """
 share_differ bias mag_bias err_slope err_corr transpose_share
 ref_test_shrunk ref_test_grown out_transpose in_bias value_r2
-balance_test
+balance_test null_flips
 """
 #: Counts of elements by the size or sign of their error.
 _ERROR_COUNT = """
 n_sign_flip n_err_pos n_err_neg n_mag_larger n_mag_smaller n_beyond n_out
-n_out_flip1 n_out_flip2 n_out_moved n_out_matched out_shift_n n_small
+n_out_flip1 n_out_flip2 n_out_flip3 n_out_far n_out_clear n_shoulder
+n_out_moved n_out_matched out_shift_n n_small
 n_small_err_test
 """
 #: The machine's own rounding, and what is measured in its units.

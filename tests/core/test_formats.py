@@ -54,9 +54,9 @@ def test_the_native_kernels_narrow_table_matches():
 
 
 def test_every_part_reads_the_same_facts():
-  assert detector._facts.UNIT_ROUNDOFF == {  # pylint: disable=protected-access
+  assert detector.facts.UNIT_ROUNDOFF == {  # pylint: disable=protected-access
       k: f.unit_roundoff for k, f in core.FORMATS.items()}
-  assert detector._facts.NARROW_FORMATS == core.NARROW_FORMATS  # pylint: disable=protected-access
+  assert detector.facts.NARROW_FORMATS == core.NARROW_FORMATS  # pylint: disable=protected-access
   assert list(_rounding.FORMATS) == list(core.NARROW_FORMATS)
   assert all(_rounding.FORMATS[k] is core.FORMATS[k] for k in _rounding.FORMATS)
   assert _bits._NARROW_SPECS["fp8_e4m3"] == (3, -6, 8, 14)  # pylint: disable=protected-access

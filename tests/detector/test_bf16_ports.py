@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import peat_jax as peat
-from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
-from peat_jax.detector import _facts  # pylint: disable=protected-access
+from peat_jax.detector.calibration import _calibration as cal  # pylint: disable=protected-access
+from peat_jax.detector.facts import _facts  # pylint: disable=protected-access
 from peat_jax.kernels import checks
 from peat_jax.kernels import ports
 from peat_jax.models import layers

@@ -14,7 +14,7 @@ import pytest
 from peat_jax import detector
 from peat_jax.core import PeatError
 from peat_jax.core import _mappings
-from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
+from peat_jax.detector.calibration import _calibration as cal  # pylint: disable=protected-access
 
 
 def _cases():

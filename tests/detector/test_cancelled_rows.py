@@ -15,7 +15,7 @@ import pytest
 
 from peat_jax import analyzer
 from peat_jax import detector
-from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
+from peat_jax.detector.calibration import _calibration as cal  # pylint: disable=protected-access
 
 B, T, H, D = 2, 24, 4, 32
 

@@ -13,8 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
-from peat_jax.detector import _rounding
+from peat_jax.detector.calibration import _calibration as cal  # pylint: disable=protected-access
+import types
+
+from peat_jax.detector import CONFIG
+from peat_jax.detector.hypotheses import _h_base  # pylint: disable=protected-access
 
 
 def _clear(x, mask):
@@ -52,15 +55,12 @@ def test_cleared_bits_need_the_lowest_run():
 
 
 def test_cleared_low_bits_counts_the_run():
-  s = {"bits_up": np.zeros(32, np.int32),
-       "bits_down": np.array([50] * 8 + [0] * 24, np.int32)}
-
-  class F:
-    mant, ndiff = 23, 100
-  f = F()
-  f.s = s
-  assert _rounding._cleared_low_bits(f) == 8  # pylint: disable=protected-access
-  s["bits_up"][3] = 1  # a bit gained: the run stops below it
-  assert _rounding._cleared_low_bits(f) == 3  # pylint: disable=protected-access
-  s["bits_down"][0] = 10  # too few lost at bit 0: no run
-  assert _rounding._cleared_low_bits(f) == 0  # pylint: disable=protected-access
+  sig = types.SimpleNamespace(
+      bits_up=np.zeros(32, np.int32),
+      bits_down=np.array([50] * 8 + [0] * 24, np.int32))
+  f = types.SimpleNamespace(sig=sig, mant=23, ndiff=100, cfg=CONFIG)
+  assert _h_base.cleared_low_bits(f) == 8
+  sig.bits_up[3] = 1  # a bit gained: the run stops below it
+  assert _h_base.cleared_low_bits(f) == 3
+  sig.bits_down[0] = 10  # too few lost at bit 0: no run
+  assert _h_base.cleared_low_bits(f) == 0

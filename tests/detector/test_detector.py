@@ -46,7 +46,7 @@ def _make(kind, a, b, g, rng):
     return _bf16(g)
   if kind == "precision:bf16 inputs":
     return _bf16(a) @ _bf16(b)
-  if kind == "truncation":
+  if kind == "bf16 toward zero":
     return (g.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
   if kind == "bitflip":
     return _flip(g, rng, 3, int(rng.integers(12, 30)))
@@ -79,7 +79,8 @@ EXPECTED = {
     "exact": ("exact", "pass"), "reordering": ("reordering", "pass"),
     "precision:bf16": ("precision:bf16", "warn"),
     "precision:bf16 inputs": ("precision:bf16", "warn"),
-    "truncation": ("truncation", "warn"), "bitflip": ("bitflip", "fail"),
+    "bf16 toward zero": ("precision:bf16", "warn"),
+    "bitflip": ("bitflip", "fail"),
     "stuck_at": ("stuck_at", "fail"), "lane": ("lane", "fail"),
     "zero": ("zero", "fail"), "scale": ("scale", "fail"),
     "indexing": ("indexing", "fail"), "nan": ("nan", "fail"),
@@ -100,6 +101,8 @@ def test_known_cause_is_named_with_evidence(kind, seed):
   assert 0.0 < diag.confidence <= 1.0
   assert any(ch.isdigit() for ch in diag.evidence)  # numbers behind it
   assert diag.candidates[0].model == diag.model
+  if kind == "bf16 toward zero":  # the rounding mode in the evidence
+    assert diag.params["rounding"] == "toward_zero", diag.params
 
 
 def test_inferred_parameters():
@@ -110,13 +113,15 @@ def test_inferred_parameters():
   d = detect(analyze(jnp.asarray(_stuck(g, rng, 400, 9)), jnp.asarray(g), r))
   assert (d.params["bit"], d.params["polarity"]) == (9, 1)
   d = detect(analyze(jnp.asarray(np.roll(g, -3, axis=1)), jnp.asarray(g)))
-  assert d.params == {"kind": "shift", "axis": "columns", "shift": -3}
+  assert {k: d.params[k] for k in ("kind", "axis", "shift")} == {
+      "kind": "shift", "axis": "columns", "shift": -3}
   d = detect(analyze(jnp.asarray(g * np.float32(2.0)), jnp.asarray(g)))
   assert d.params["factor"] == 2.0
   t = g.copy()
   t[:, 5::32] = 0.0
   d = detect(analyze(jnp.asarray(t), jnp.asarray(g)))
-  assert d.params == {"stride": 32, "lane": 5, "what": "zeroed"}
+  assert {k: d.params[k] for k in ("stride", "lane", "what")} == {
+      "stride": 32, "lane": 5, "what": "zeroed"}
 
 
 def test_short_reduction_cancellation_is_not_a_bitflip():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from peat_jax.core import PeatError
-from peat_jax.detector import _heldout as heldout
+from peat_jax.detector.calibration import _heldout as heldout
 
 #: The Detector's names (docs/detector.md): a ``<fmt>`` takes a format.
 KNOWN = ("exact reordering precision:<fmt> accumulation:<fmt> truncation "

@@ -20,7 +20,7 @@ import pytest
 from peat_jax import analyzer
 from peat_jax import detector
 from peat_jax import injectors
-from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
+from peat_jax.detector.calibration import _calibration as cal  # pylint: disable=protected-access
 from peat_jax.kernels import native
 from peat_jax.kernels import ports
 from peat_jax.models import layers

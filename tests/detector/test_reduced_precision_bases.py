@@ -17,8 +17,8 @@ import pytest
 
 from peat_jax import detector
 from peat_jax import injectors
-from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
-from peat_jax.detector import _composed as comp  # pylint: disable=protected-access
+from peat_jax.detector.calibration import _calibration as cal  # pylint: disable=protected-access
+from peat_jax.detector.calibration import _composed as comp  # pylint: disable=protected-access
 from peat_jax.models import layers
 
 

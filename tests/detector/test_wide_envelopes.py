@@ -6,7 +6,7 @@ them by what only the fault explains.
   the 64 u envelope (0.25 relative in bfloat16), yet fits t = 0.5 r with no
   residual: ``scale``, whatever share lies beyond;
 * a layer norm scaled by 1/2 fits an "epsilon" three times the variance:
-  no epsilon slip (analyzer.probes._ports.EPS_MAX_SHARE), ``scale``;
+  no epsilon slip (analyzer.probes._forms.EPS_MAX_SHARE), ``scale``;
 * an output of 8 elements with 2 doubled (bit 7 of bfloat16, the lowest
   exponent bit) is 25% of it at 25x golden's error: no summation order;
 * a bit stuck at 1 in 20% of a bfloat16 softmax: the outliers' sorted
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from peat_jax import injectors
-from peat_jax.detector import _calibration as cal  # pylint: disable=protected-access
+from peat_jax.detector.calibration import _calibration as cal  # pylint: disable=protected-access
 from peat_jax.models import layers
 
 

@@ -16,6 +16,8 @@ screen's envelope facts, from the decomposition's envelope); ``_finalize`` (stat
 """
 
 from peat_jax.analyzer.signature._api import analyze as analyze
+from peat_jax.analyzer.signature._base import MODES as BASE_MODES
+from peat_jax.analyzer.signature._decompose import MATCH_OUTLIERS as MATCH_OUTLIERS
 from peat_jax.analyzer.signature._api import analyze_batch as analyze_batch
 from peat_jax.analyzer.signature._api import analyze_split as analyze_split
 from peat_jax.analyzer.signature._api import analyze_split_many as analyze_split_many
@@ -43,4 +45,4 @@ from peat_jax.analyzer.signature._signature import SHIFT_RANGE as SHIFT_RANGE
 from peat_jax.analyzer.signature._signature import Signature as Signature
 from peat_jax.analyzer.signature._signature import SignatureState as SignatureState
 from peat_jax.analyzer.signature._signature import TILE_SIZES as TILE_SIZES
-from peat_jax.analyzer.signature._scaled import relative_to_scale as relative_to_scale
+from peat_jax.analyzer.signature._finalize import relative_to_scale as relative_to_scale

@@ -4,6 +4,7 @@ buckets and the percentile sample (all traced, pure JAX)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -72,17 +73,65 @@ def _mix32(u: Array) -> Array:
   return h ^ (h >> 16)
 
 
+class Decoded(NamedTuple):
+  """A float's bit pattern taken apart for the representability rule."""
+
+  finite: Array  # not Inf or NaN
+  zero: Array  # +-0
+  sig: Array  # the significand as an integer (implicit bit included)
+  low: Array  # int32: exponent of its lowest set bit
+  span: Array  # int32: position of its highest set bit in ``sig``
+  high: Array  # int32: exponent of its highest set bit
+
+
+def decode(u: Array, dtype) -> Decoded:
+  """Takes unsigned bit patterns ``u`` of float dtype ``dtype`` apart
+  (:class:`Decoded`), in integer arithmetic."""
+  dtype = np.dtype(dtype)
+  finfo = jnp.finfo(dtype)
+  nbits = _bits_of(dtype)
+  nmant = finfo.nmant
+  bias = finfo.maxexp - 1
+  ut = u.dtype
+  si = jnp.int32
+  one = jnp.array(1, ut)
+  mag = u & jnp.array((1 << (nbits - 1)) - 1, ut)
+  expf = (mag >> jnp.array(nmant, ut)).astype(si)
+  man = mag & jnp.array((1 << nmant) - 1, ut)
+  normal = expf != 0
+  sig = jnp.where(normal, man | jnp.array(1 << nmant, ut), man)
+  q = jnp.where(normal, expf, 1) - (bias + nmant)
+  low = q + lax.population_count((sig & (~sig + one)) - one).astype(si)
+  span = (nbits - 1) - lax.clz(sig).astype(si)  # highest set bit of sig
+  return Decoded(expf != (2 * bias + 1), mag == 0, sig, low, span, q + span)
+
+
+def fits_format(d: Decoded, m, emin, emax, max_top) -> Array:
+  """Whether decoded values are exactly representable in a format given by
+  its mantissa bits, smallest and largest normal exponent and largest
+  significand at ``emax`` (Python ints or traced int32 scalars): finite,
+  and +-0 or the lowest set bit of the significand at or above the
+  format's resolution at the value (its highest set bit minus ``m``, never
+  below the smallest subnormal) and the value at most the format's
+  maximum."""
+  ut = d.sig.dtype
+  shift = d.span - m
+  top = jnp.where(shift >= 0, d.sig >> jnp.maximum(shift, 0).astype(ut),
+                  d.sig << jnp.maximum(-shift, 0).astype(ut))
+  in_range = (d.high < emax) | ((d.high == emax) &
+                                (top <= jnp.asarray(max_top).astype(ut)))
+  fits = in_range & (d.low >= jnp.maximum(d.high - m, emin - m))
+  return d.finite & (d.zero | fits)
+
+
 def _representable(u: Array, dtype) -> list[Array]:
   """Per NARROW_FORMATS: the value with bit pattern u is exactly representable.
 
   Exact, in integer arithmetic on the bit pattern (a float round trip and
-  comparison would be blurred by XLA:CPU's denormal flushing): x is finite
-  and either +-0, or the lowest set bit of x's significand is at or above
-  the format's resolution at x (its highest set bit minus the format's
-  mantissa bits, never below the format's smallest subnormal) and x is at
-  most the format's maximum. The rule of `Representable` in
-  csrc/signature.h. Takes bit patterns that do not come from float
-  arithmetic of the same XLA fusion (see `_accumulate_bits`).
+  comparison would be blurred by XLA:CPU's denormal flushing): the rule of
+  :func:`fits_format`, and of `Representable` in csrc/signature.h. Takes
+  bit patterns that do not come from float arithmetic of the same XLA
+  fusion (see `_accumulate_bits`).
 
   Args:
     u: unsigned bit patterns of values of float dtype `dtype`.
@@ -91,37 +140,8 @@ def _representable(u: Array, dtype) -> list[Array]:
   Returns:
     A list of 5 bool arrays shaped like u.
   """
-  dtype = np.dtype(dtype)
-  finfo = jnp.finfo(dtype)
-  nbits = _bits_of(dtype)
-  nmant = finfo.nmant
-  bias = finfo.maxexp - 1
-  ut = u.dtype
-  si = jnp.int32
-  mag = u & jnp.array((1 << (nbits - 1)) - 1, ut)
-  expf = (mag >> jnp.array(nmant, ut)).astype(si)
-  man = mag & jnp.array((1 << nmant) - 1, ut)
-  normal = expf != 0
-  sig = jnp.where(normal, man | jnp.array(1 << nmant, ut), man)
-  q = jnp.where(normal, expf, 1) - (bias + nmant)
-  low = q + lax.population_count((sig & (~sig + jnp.array(1, ut))) -
-                                 jnp.array(1, ut)).astype(si)
-  span = (nbits - 1) - lax.clz(sig).astype(si)  # highest set bit of sig
-  high = q + span
-  finite = expf != (2 * bias + 1)
-  zero = mag == 0
-  out = []
-  for fmt in NARROW_FORMATS:
-    m, emin, emax, max_top = _NARROW_SPECS[fmt]
-    shift = span - m
-    top = jnp.where(shift >= 0,
-                    sig >> jnp.maximum(shift, 0).astype(ut),
-                    sig << jnp.maximum(-shift, 0).astype(ut))
-    in_range = (high < emax) | ((high == emax) &
-                                (top <= jnp.array(max_top, ut)))
-    fits = in_range & (low >= jnp.maximum(high - m, emin - m))
-    out.append(finite & (zero | fits))
-  return out
+  d = decode(u, dtype)
+  return [fits_format(d, *_NARROW_SPECS[fmt]) for fmt in NARROW_FORMATS]
 
 
 def _div_by_max(a: Array, m: Array) -> Array:

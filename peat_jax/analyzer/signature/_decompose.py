@@ -45,8 +45,12 @@ import numpy as np
 from jax import lax
 
 from peat_jax import core as _core
-from peat_jax.analyzer.signature._bits import (
-    _from_bits, _representable, _uint, sample_jitter)
+from peat_jax.analyzer.signature._base import (
+    BASE_MIN_SHARE, CLEAR_FACTOR, DENSE_RESIDUAL_MIN, FAR_QUANTILE, DENSE_RESIDUAL_SHARE, FAR_FACTOR,
+    MAX_FLIPS,
+    NEAR_ULPS, excess_ulps, fit_rounded_base, flip_null, flips_needed,
+    rounded_explains, top_bit)
+from peat_jax.analyzer.signature._bits import _uint, sample_jitter
 from peat_jax.analyzer.signature._layout import (
     Layout, cols_sum, flat, layout, per_element, rows_sum, seg_sum,
     tile_counts)
@@ -137,8 +141,18 @@ class Decomposition(NamedTuple):
   n_beyond: Array  # int32: elements beyond the golden envelope
   n_out: Array  # int32: outliers (finite pairs beyond theta, new non-finite)
   n_out_zero: Array  # int32: outliers with t == +-0
-  n_out_flip1: Array  # int32: outliers back in the envelope by one bit flip
-  n_out_flip2: Array  # int32: ... by two (32/64-bit: or three) flips, not one
+  n_out_flip1: Array  # int32: outliers back inside the base by one bit flip
+  n_out_flip2: Array  # int32: ... by two flips of their highest differing
+  #   bits, not one
+  n_out_flip3: Array  # int32: ... by three, not fewer
+  null_flips: Array  # f32[3]: the flip null (._base): share of data-like
+  #   values back inside the base at a sampled place by <= 1, 2, 3 flips
+  n_out_far: Array  # int32: outliers (finite, nonzero) beyond FAR_FACTOR of
+  #   the explained elements' range of magnitudes
+  n_out_clear: Array  # int32: outliers clear of their base (._base
+  #   CLEAR_FACTOR: not the tail of a dense error), NaN/Inf included
+  n_shoulder: Array  # int32: elements within CLEAR_FACTOR below the
+  #   outlier threshold (not outliers): a dense error's tail
   n_out_moved: Array  # int32: outliers whose sorted values equal their
   #   sorted references within the envelope (a permutation among them)
   n_out_matched: Array  # int32: outliers compared so (all, when <= 4096)
@@ -178,8 +192,19 @@ class Decomposition(NamedTuple):
   n_ulps_test: Array  # int32: |t - r| beyond ULP_LIMIT ulps of r's format
   n_ulps_golden: Array  # int32: |g - r| beyond ULP_LIMIT ulps
   n_nonfinite_mismatch: Array  # int32: isnan or isinf differ between t, g
-  n_rounded: Array  # int32[5]: elements that are golden rounded to each
-  #   coarser NARROW_FORMATS format (32/64-bit records; never outliers)
+  n_rounded: Array  # int32: elements beyond the golden envelope that the
+  #   candidate rounded base explains (never outliers)
+  out_err_sum: Array  # f32: sum |t - r| over the gathered outliers
+  out_sorted_err: Array  # f32: ... of their sorted values against their
+  #   sorted references (a permutation's is far smaller)
+  base_format: Array  # int32: the fitted base's format (index in
+  #   NARROW_FORMATS) when outputs rounded to it are the base; -1: golden
+  base_candidate: Array  # int32: the candidate format (-1: none fits)
+  base_mode: Array  # int32: its fitted rounding mode (._base.MODES)
+  base_explained: Array  # int32[2]: elements each mode explains
+  base_ties: Array  # int32[2]: golden ties of the format explained to
+  #   nearest, and those rounded away from zero
+  n_golden_explained: Array  # int32: elements inside the golden envelope
 
 
 def empty(rows: int, cols: int, nbits: int) -> Decomposition:
@@ -191,25 +216,33 @@ def empty(rows: int, cols: int, nbits: int) -> Decomposition:
       jnp.bool_(False), nan, nan, nan, nan, nan, nan, jnp.int32(0),
       jnp.int32(0),
       jnp.int32(0), jnp.int32(0),
-      jnp.int32(0), jnp.int32(0), jnp.int32(0), z(nbits), z(nbits), z(nbits),
+      jnp.int32(0), jnp.int32(0), f(MAX_FLIPS), jnp.int32(0), jnp.int32(0),
+      jnp.int32(0), jnp.int32(0), jnp.int32(0), z(nbits), z(nbits),
+      z(nbits),
       z(LANES),
       z(rows), z(cols), z(3), z(3), f(2 * SHIFT_RANGE + 1),
       f(2 * SHIFT_RANGE + 1), nan, jnp.int32(0), nan, nan, nan, f(rows),
       f(rows), f(rows), nan, nan, nan, z(5), z(5), nan, nan, jnp.int32(0),
       jnp.int32(0), jnp.int32(0), nan, nan, jnp.int32(0), jnp.int32(0),
-      jnp.int32(0), z(5))
+      jnp.int32(0), jnp.int32(0), nan, nan, jnp.int32(-1), jnp.int32(-1),
+      jnp.int32(0), z(2), z(2), jnp.int32(0))
 
 
-def _sample_median(z: Array, valid: Array) -> Array:
-  """Median of nonnegative ``z`` over ``valid`` (quarter-octave buckets;
-  the bucket's upper edge, 0 when more than half are 0)."""
+def _sample_quantile(z: Array, valid: Array, rank) -> Array:
+  """The ``rank``-th smallest (1-based, traced) of nonnegative ``z`` over
+  ``valid`` (quarter-octave buckets: the bucket's upper edge, 0 when that
+  many are 0)."""
   b = jnp.where(z > 0, jnp.clip(jnp.floor(4.0 * jnp.log2(jnp.maximum(
       z, 1e-30))) + 161, 1, 399), 0).astype(jnp.int32)
   hist = jnp.zeros((400,), jnp.int32).at[b].add(valid.astype(jnp.int32))
   cum = cumsum_small(hist)
-  half = (jnp.sum(valid) + 1) // 2
-  k = jnp.argmax(cum >= half)
+  k = jnp.argmax(cum >= rank)
   return jnp.where(k == 0, 0.0, 2.0 ** ((k - 160) / 4.0)).astype(z.dtype)
+
+
+def _sample_median(z: Array, valid: Array) -> Array:
+  """Median of nonnegative ``z`` over ``valid`` (:func:`_sample_quantile`)."""
+  return _sample_quantile(z, valid, (jnp.sum(valid) + 1) // 2)
 
 
 def _safe_div(a, b):
@@ -236,44 +269,6 @@ def _tiles(mask: Array, lay: Layout) -> tuple[Array, Array]:
     grid = seg_sum(m, tid, nt)  # (tr, tc) 8x8 tiles row-major, then zeros
   _, anys, alls = tile_counts(grid, lay.rows, lay.cols, 1)
   return anys, alls
-
-
-def _top_bit(x: Array, nbits: int) -> Array:
-  """Index of the highest set bit of unsigned ``x`` (-1 for 0), int32."""
-  return (nbits - 1) - lax.clz(x).astype(jnp.int32)
-
-
-def _rounded_golden(t: Array, g: Array, finite: Array) -> Array:
-  """Per NARROW_FORMATS (bool[5, ...]): where ``t`` is its own golden value rounded to a coarser narrow
-  format (either direction): ``t`` nonzero and representable there, ``g``
-  not, and ``|t - g|`` at most one of that format's ulps at ``g``. Such
-  an element is that format's rounding, never a fault's outlier nor a
-  permuted value (a softmax rounded to bf16 among densely packed outputs
-  lines up with other places' golden values). Zeros are left to the
-  zero and flush rules. Exact in the bits for the representability
-  (``_representable``); the ulp from ``frexp``."""
-  dtype = np.dtype(t.dtype)
-  uty = _uint(dtype)
-  rep_t = _representable(lax.bitcast_convert_type(t, uty), dtype)
-  rep_g = _representable(lax.bitcast_convert_type(g, uty), dtype)
-  cdt = jnp.float64 if dtype == np.float64 else jnp.float32
-  tc, gc = t.astype(cdt), g.astype(cdt)
-  diff = jnp.abs(tc - gc)
-  _, ex = jnp.frexp(gc)  # |g| = m 2**ex, m in [0.5, 1)
-  live = finite & (tc != 0)
-  hits = []
-  for name, rt, rg in zip(_core.NARROW_FORMATS, rep_t, rep_g):
-    fm = _core.FORMATS[name]
-    emin = int(np.log2(fm.min_normal))
-    ulp = jnp.ldexp(jnp.ones((), cdt),
-                    jnp.maximum(ex - 1, emin) - fm.mantissa_bits)
-    hits.append(live & rt & ~rg & (diff <= ulp))
-  return jnp.stack(hits)
-
-
-def _flip(u: Array, bit: Array) -> Array:
-  one = jnp.array(1, u.dtype)
-  return u ^ (one << jnp.maximum(bit, 0).astype(u.dtype))
 
 
 def _masked_median(z: Array, mask: Array, axis: int) -> Array:
@@ -571,7 +566,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   lay = e.lay
   cap = lay.cap
   t2, g2, tc, gc, fin_t, fin_g = e.t2, e.g2, e.tc, e.gc, e.fin_t, e.fin_g
-  r, lo, fp, row_rms, scale, unit = e.r, e.lo, e.fp, e.row_rms, e.scale, e.unit
+  r, lo, fp, scale, unit = e.r, e.lo, e.fp, e.scale, e.unit
   et, zt, zg, golden_z, theta_g = e.et, e.zt, e.zg, e.golden_z, e.theta_g
   new_nf, beyond, has_ref = e.new_nf, e.beyond, e.has_ref
   tiny = jnp.finfo(cdt).tiny
@@ -590,40 +585,95 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   if has_ref and dtype.itemsize <= 2:
     theta = jnp.maximum(theta, OUTLIER16_MIN_Z)
   env = theta * unit
-  out = (fp & (zt > theta)) | new_nf  # beyond the KUT's own noise too
-  if nbits >= 32:
-    rounded = _rounded_golden(t2, g2, fp)
-    out = out & ~jnp.any(rounded, axis=0)
-    n_rounded = jnp.sum(rounded, axis=1, dtype=jnp.int32)
-  else:
-    n_rounded = jnp.zeros((len(_core.NARROW_FORMATS),), jnp.int32)
-  n_out = jnp.sum(out, dtype=jnp.int32)
-  # Bits of the outliers against golden: one flip (the highest differing
-  # bit), then a second; counts over all outliers, the positions' histograms
-  # over the first MATCH_OUTLIERS of them (in memory order).
   uty = _uint(dtype)
   ut = lax.bitcast_convert_type(t2, uty)
   ug = lax.bitcast_convert_type(g2, uty)
+  # The base (module doc of ._base): outputs rounded to a coarser format,
+  # fitted by synthesis, when it explains more elements than the golden
+  # envelope does; else the golden kernel with the KUT's own dense noise.
+  slack = theta_g * unit
+  base = fit_rounded_base(ut, tc, gc, r, lo, fp, e.beyond, slack, dtype)
+  golden_ok = fp & (zt <= theta_g)
+  n_golden_ok = jnp.sum(golden_ok, dtype=jnp.int32)
+  best = jnp.max(base.explained)
+  use_rounded = ((base.fmt >= 0) & (best > n_golden_ok)
+                 & (best >= BASE_MIN_SHARE * jnp.sum(fp)))
+  rounded = base.rounded & ~golden_ok
+  # Over a rounded base the residual is exact, unless its unexplained
+  # elements are many and near the interval (inputs rounded too): then
+  # outliers lie beyond DENSE_FACTOR x their median excess (._base).
+  unexpl = fp & ~(base.rounded | golden_ok)
+  excess = excess_ulps(tc, r, lo, slack, base.spec[0], base.spec[1],
+                       base.mode)
+  med_e = _sample_median(pick(excess), pick(unexpl))
+  n_unexpl = jnp.sum(unexpl, dtype=jnp.int32)
+  dense_r = ((n_unexpl >= DENSE_RESIDUAL_SHARE * lay.n)
+             & (n_unexpl >= DENSE_RESIDUAL_MIN) & (med_e <= NEAR_ULPS))
+  theta_e = jnp.where(dense_r, DENSE_FACTOR * med_e, 0.0)
+  # Over the golden base, elements that are the format's rounding are no
+  # outliers (part of an output rounded), once they are too many to be
+  # a coincidence (DENSE_RESIDUAL_MIN).
+  n_rounded = jnp.sum(rounded, dtype=jnp.int32)
+  partial = base.rounded & (n_rounded >= DENSE_RESIDUAL_MIN)
+  out = jnp.where(use_rounded, unexpl & (excess > theta_e),
+                  fp & (zt > theta) & ~partial) | new_nf
+  n_rounded = jnp.where(use_rounded | (n_rounded >= DENSE_RESIDUAL_MIN),
+                        n_rounded, 0)
+
+  def explains(bits, v, at=None):
+    """Whether values ``v`` (bit patterns ``bits``) at places ``at`` (all
+    when None) are inside the fitted base."""
+    pick_at = (lambda a: a) if at is None else (lambda a: a[at])
+    rr, ll, sl = pick_at(r), pick_at(lo), pick_at(slack)
+    d = jnp.abs((v - rr) - ll)
+    by_round = rounded_explains(bits, v, rr, ll, sl, base,
+                                jnp.where(use_rounded, theta_e, 0.0), dtype)
+    return jnp.where(use_rounded, by_round | (d <= sl),
+                     (d <= pick_at(env)) | by_round)
+
+  n_out = jnp.sum(out, dtype=jnp.int32)
+  # Bits of the outliers against golden: how many flips of their highest
+  # differing bits bring each back inside the base (counts over all
+  # outliers), the positions' histograms over the first MATCH_OUTLIERS of
+  # them (in memory order).
   x = ut ^ ug
-  top1 = _top_bit(x, nbits)
-  t1 = _flip(ut, top1)
-  v1 = _from_bits(t1, dtype).astype(cdt)
-  ok1 = jnp.isfinite(v1) & (jnp.abs((v1 - r) - lo) <= env)
-  top2 = _top_bit(t1 ^ ug, nbits)
-  t2b = _flip(t1, top2)
-  v2 = _from_bits(t2b, dtype).astype(cdt)
-  ok2 = jnp.isfinite(v2) & (jnp.abs((v2 - r) - lo) <= env) & (top2 >= 0)
-  if nbits >= MULTI_FLIP_MIN_BITS:
-    top3 = _top_bit(t2b ^ ug, nbits)
-    v3 = _from_bits(_flip(t2b, top3), dtype).astype(cdt)
-    ok2 = ok2 | (jnp.isfinite(v3) & (jnp.abs((v3 - r) - lo) <= env)
-                 & (top3 >= 0))
-  flip1 = out & ok1 & (top1 >= 0)
-  flip2 = out & ~flip1 & ok2
+  top1 = top_bit(x, nbits)
+  need = flips_needed(ut, ug, explains, dtype)
+  flip1 = out & (need == 1)
+  flip2 = out & (need == 2)
+  flip3 = out & (need == 3)
   t0 = (ut << jnp.array(1, uty)) == 0
   k = min(MATCH_OUTLIERS, cap)
   idx = first_true(out, k)
   valid = jnp.arange(k) < n_out
+  # The flip null at the outliers' places (._base.flip_null).
+  n_rec = jnp.maximum(jnp.asarray(lay.n, jnp.int32), 1)
+  null_flips = flip_null(tc, ut, ug, idx, valid, fp & ~out & (tc != 0),
+                         n_rec, explains, dtype)
+  # Outliers beyond the explained elements' range of magnitudes (FAR_FACTOR
+  # either way): an exponent flip's, never a value drawn like the data.
+  at = jnp.abs(jnp.where(fin_t, tc, 0.0))
+  seen = fp & ~out & (at > 0)
+  big_in = jnp.max(jnp.where(seen, at, 0.0))
+  # (The low end is a quantile of the sample: a flip the envelope hides
+  # may itself be the smallest value.)
+  n_seen = jnp.sum(pick(seen), dtype=jnp.int32)
+  small_in = _sample_quantile(
+      pick(at), pick(seen),
+      jnp.maximum(jnp.ceil(FAR_QUANTILE * n_seen), 1).astype(jnp.int32))
+  far = out & fin_t & ((at > FAR_FACTOR * big_in)
+                       | ((at > 0) & (at * FAR_FACTOR < small_in)))
+  # ... and outliers clear of the base (._base.CLEAR_FACTOR), far ones
+  # and NaN/Inf included: not the tail of the base's own dense error.
+  clear = out & (new_nf | far | jnp.where(
+      use_rounded, excess > CLEAR_FACTOR * jnp.maximum(theta_e, 1.0),
+      zt > CLEAR_FACTOR * theta))
+  # ... and the shoulder below the outlier threshold (within CLEAR_FACTOR
+  # of it, not outliers): a dense error's tail fills it, a fault's
+  # outliers stand apart from an empty one.
+  shoulder = fp & ~out & jnp.where(
+      use_rounded, excess * CLEAR_FACTOR > theta_e,
+      zt * CLEAR_FACTOR > theta) & jnp.where(use_rounded, theta_e > 0, True)
   bitpos = jnp.arange(nbits)
   xk = x[idx]
   xbits = ((xk[:, None] >> bitpos.astype(uty)) & jnp.array(1, uty)).astype(
@@ -637,13 +687,19 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
            & jnp.array(1, uty)) == 1
   flip_up = jnp.sum(at_bit & t_set, axis=0, dtype=jnp.int32)
   out_i = out.astype(jnp.int32)
+  # Values in the wrong place are sought among the elements beyond the
+  # golden envelope (a dense base: a shift moves them all), or among the
+  # outliers over a rounded base (which puts every element beyond it).
+  beyond = jnp.where(use_rounded, out, beyond)
   beyond_i = beyond.astype(jnp.int32)
   out_rows, beyond_rows = rows_sum(lay, out_i, beyond_i)
   out_cols, beyond_cols = cols_sum(lay, out_i, beyond_i)
   out_lane = seg_sum(out_cols, jnp.arange(lay.col_slots) % LANES, LANES)
   tiles_any, tiles_all = _tiles(out, lay)
   tv_all = jnp.where(fin_t, tc, 0.0)
-  scol, srow, str_, sn = _shift_stats(tv_all, r, unit, theta_g, beyond,
+  # (Zeros say nothing of where a value came from: the zero hypotheses'.)
+  scol, srow, str_, sn = _shift_stats(tv_all, r, unit, theta_g,
+                                      beyond & (tc != 0),
                                       beyond_rows, beyond_cols, lay)
   # Values moved among themselves (a permutation): the outliers' values,
   # sorted, equal their references, sorted, within the envelope. Only when
@@ -658,6 +714,12 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   moved = jnp.where(n_out <= k, jnp.sum(valid & (jnp.abs(st - sr) <= tol),
                                         dtype=jnp.int32), 0)
   nmatch = jnp.where(n_out <= k, jnp.sum(valid, dtype=jnp.int32), 0)
+  # A permutation's sorted values meet their sorted references where its
+  # unsorted ones do not: the outliers' error before and after sorting.
+  fin_k = valid & (st < big) & (sr < big)
+  out_err_sum = jnp.sum(jnp.where(valid & jnp.isfinite(tv_k),
+                                  jnp.abs(tv_k - rv_k), 0.0))
+  out_sorted_err = jnp.sum(jnp.where(fin_k, jnp.abs(st - sr), 0.0))
   # Dense part: normalized signed error inside the envelope.
   inside = fp & ~out
   en = jnp.where(inside, ((jnp.where(fin_t, tc, 0.0) - r) - lo) / jnp.maximum(
@@ -683,13 +745,14 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   # variance that lies between bins (1: the error is a function of r).
   grms = jnp.sqrt(tot_rr / jnp.maximum(jnp.sum(inside), 1))
   rs, ds, ws = pick(r), pick(d), pick(inside)
-  scs = pick(per_element(lay, row_rms))
   q = jnp.floor(4.0 * jnp.log2(jnp.maximum(jnp.abs(rs), tiny) /
                                jnp.maximum(grms, tiny)))
   half = VALUE_BINS // 2
   bins = jnp.clip(q + half // 2, 0, half - 1).astype(jnp.int32) + jnp.where(
       rs < 0, half, 0)
-  ef = jnp.where(ws, ds / jnp.maximum(jnp.maximum(jnp.abs(rs), scs), tiny),
+  # Relative to max(|r|, the tensor's RMS): a function of the value is
+  # one whatever the row (an elementwise kernel's rows are arbitrary).
+  ef = jnp.where(ws, ds / jnp.maximum(jnp.maximum(jnp.abs(rs), grms), tiny),
                  0.0)
   w = ws.astype(cdt)
   cnt = jnp.zeros((VALUE_BINS,), cdt).at[bins].add(w)
@@ -726,7 +789,11 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
       jnp.bool_(True), f32(theta), f32(theta_g), f32(golden_z), f32(zmed_t),
       f32(zmed_g), f32(e.z_max_test), e.n_beyond, n_out,
       jnp.sum(out & t0, dtype=jnp.int32), jnp.sum(flip1, dtype=jnp.int32),
-      jnp.sum(flip2, dtype=jnp.int32), moved, nmatch, flip_bits, flip_up,
+      jnp.sum(flip2, dtype=jnp.int32), jnp.sum(flip3, dtype=jnp.int32),
+      null_flips, jnp.sum(far, dtype=jnp.int32),
+      jnp.sum(clear, dtype=jnp.int32), jnp.sum(shoulder, dtype=jnp.int32),
+      moved, nmatch, flip_bits,
+      flip_up,
       out_bits_xor, out_lane, out_rows,
       out_cols, tiles_any, tiles_all, scol,
       srow, f32(str_), sn, f32(jnp.max(jnp.where(out & fp, et, 0.0))),
@@ -739,4 +806,8 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
       f32(bal(dt)), f32(bal(dg)),
       jnp.sum(fp & (jnp.abs(dt) > lim), dtype=jnp.int32),
       jnp.sum(fp & (jnp.abs(dg) > lim), dtype=jnp.int32),
-      e.n_nonfinite_mismatch, n_rounded)
+      e.n_nonfinite_mismatch, n_rounded, f32(out_err_sum),
+      f32(out_sorted_err),
+      jnp.where(use_rounded, base.fmt, -1).astype(jnp.int32),
+      jnp.where(base.fmt >= 0, base.fmt, -1).astype(jnp.int32), base.mode,
+      base.explained, base.ties, n_golden_ok)

@@ -317,7 +317,9 @@ class Signature(NamedTuple):
       documented in docs/signature.md.
       Its fields: decomposed, env_theta, env_theta_golden, env_golden_z,
       z_med_test, z_med_golden, z_max_test, n_beyond, n_out, n_out_zero,
-      n_out_flip1, n_out_flip2, n_out_moved, n_out_matched,
+      n_out_flip1, n_out_flip2, n_out_flip3, null_flips, n_out_far,
+      n_out_clear, n_shoulder,
+      n_out_moved, n_out_matched,
       out_flip_bits, out_flip_up, out_bits_xor, out_lane, out_rows,
       out_cols, out_tiles_any, out_tiles_all, out_shift_col,
       out_shift_row, out_transpose, out_shift_n, out_abs_max,
@@ -325,7 +327,9 @@ class Signature(NamedTuple):
       fit_resid, value_r2, n_tiny, n_tiny_zeroed, rel_max_test,
       rel_max_golden, n_small, n_small_err_test, n_small_err_golden,
       balance_test, balance_golden, n_ulps_test, n_ulps_golden,
-      n_nonfinite_mismatch, n_rounded.
+      n_nonfinite_mismatch, n_rounded, out_err_sum, out_sorted_err,
+      base_format, base_candidate,
+      base_mode, base_explained, base_ties, n_golden_explained.
   """
 
   n: Array
@@ -420,6 +424,11 @@ class Signature(NamedTuple):
   n_out_zero: Array
   n_out_flip1: Array
   n_out_flip2: Array
+  n_out_flip3: Array
+  null_flips: Array
+  n_out_far: Array
+  n_out_clear: Array
+  n_shoulder: Array
   n_out_moved: Array
   n_out_matched: Array
   out_flip_bits: Array
@@ -456,3 +465,11 @@ class Signature(NamedTuple):
   n_ulps_golden: Array
   n_nonfinite_mismatch: Array
   n_rounded: Array
+  out_err_sum: Array
+  out_sorted_err: Array
+  base_format: Array
+  base_candidate: Array
+  base_mode: Array
+  base_explained: Array
+  base_ties: Array
+  n_golden_explained: Array

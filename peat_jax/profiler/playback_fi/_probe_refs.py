@@ -21,17 +21,20 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from peat_jax import analyzer as _analyzer
 from peat_jax import core as _core
 from peat_jax import injectors as _injectors
 
 
-def _rounded(x, fmt: str):
-  """The probe's input rounding (``analyzer.probes._ports._rounded``), traced:
-  floating arrays to ``fmt`` by way of float32, as float64."""
+def _rounded(x, key: str):
+  """The probe's input rounding (``peat.analyzer.probe_formats``' key: a
+  format and a mode, ``peat.analyzer.variant_rounding``), traced:
+  floating arrays rounded by way of float32, as float64."""
   if x.ndim == 0 or not jnp.issubdtype(x.dtype, jnp.floating):
     return x.astype(jnp.float64) if jnp.issubdtype(
         x.dtype, jnp.floating) else x
-  y = _injectors.round_nearest(x.astype(jnp.float32), _core.FORMATS[fmt])
+  fmt, mode = _analyzer.variant_rounding(key)
+  y = _injectors.round_to(x.astype(jnp.float32), _core.FORMATS[fmt], mode)
   return y.astype(jnp.float64)
 
 

@@ -302,7 +302,8 @@ class ProbeCache:
 
 
 #: Carried probes whose answer needs no decomposition of the record: the
-#: kernel on rounded inputs (detector._detect._screened_and_explained).
+#: kernel on rounded inputs (the Detector reads its faults against the
+#: probe's synthesized base: detector.hypotheses._detect._rebased).
 _ROUNDED_INPUTS = ("precision", "accumulation")
 
 
@@ -354,10 +355,11 @@ def _device_probes(sites, tries: Sequence[_Try], device_refs) -> dict:
       if best is None or g.ratio < best[1].ratio:
         best = (name, g)
     name, g = best
-    fmt = name[len("inputs_"):]
+    fmt, mode = _analyzer.variant_rounding(name[len("inputs_"):])
     found = _probes_api.probe_answer(
-        f"precision:{fmt}", name, _probes_api.precision_sentence(fmt),
-        list(t.names), g.ratio, g.distance, d_ref, d_gold)
+        f"precision:{fmt}", name, _probes_api.precision_sentence(fmt, mode),
+        list(t.names), g.ratio, g.distance, d_ref, d_gold,
+        extra={"where": "inputs", "rounding": mode})
     if found["explains"]:
       found["hypothesis_split"] = g.split
     if t.carried is None:

@@ -56,7 +56,8 @@ def test_the_port_probe_runs_once_per_site_and_is_carried(run, tmp_path):
   # it tries) explains them too, before any decomposition.
   for r in first:
     assert r["port"]["explains"] and r["port"]["name"] == "inputs_bf16"
-    assert r["port"]["tried"] == ["inputs_bf16", "inputs_tf32"]
+    assert r["port"]["tried"] == [
+        "inputs_bf16", "inputs_tf32", "inputs_tf32_toward_zero"]
     assert not r["signature"]["decomposed"]
   # Each later step played alone (a fresh campaign: the probe whole)
   # diagnoses the same, with the same magnitudes.

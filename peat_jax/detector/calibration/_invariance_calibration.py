@@ -32,9 +32,9 @@ import numpy as np
 
 from peat_jax import analyzer as _analyzer
 from peat_jax import core as _core
-from peat_jax.detector import _calibration as _cal
-from peat_jax.detector import _facts
-from peat_jax.detector import _invariance
+from peat_jax.detector.calibration import _calibration as _cal
+from peat_jax.detector import facts as _facts
+from peat_jax.detector import verdicts as _invariance
 from peat_jax.core import PeatError
 
 

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from peat_jax.detector._facts import (
-    Candidate, Diagnosis, MIN_PATTERN, REORDERING_ENVELOPE, _pct)
+from peat_jax.detector.facts import (
+    Candidate, Diagnosis, MIN_PATTERN, REORDERING_ENVELOPE, pct as _pct)
 
 #: The invariance error models (DESIGN.md's table).
 INVARIANCE_MODELS = ("stale", "input_mutation", "batch_variance",

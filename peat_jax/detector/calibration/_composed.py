@@ -36,7 +36,7 @@ import numpy as np
 from peat_jax import core as _core
 from peat_jax import injectors as _injectors
 from peat_jax.core import PeatError
-from peat_jax.detector import _calibration as _cal
+from peat_jax.detector.calibration import _calibration as _cal
 from peat_jax.kernels import ports as _ports
 
 

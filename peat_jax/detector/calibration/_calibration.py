@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from peat_jax import analyzer as _analyzer
-from peat_jax.detector import _detect as _detector
+from peat_jax.detector import hypotheses as _detector
 from peat_jax import injectors as _injectors
 from peat_jax import core as _core
 from peat_jax.core import PeatError
-from peat_jax.detector import _facts
-from peat_jax.detector import _triage
+from peat_jax.detector import facts as _facts
+from peat_jax.detector import hypotheses as _triage
 
 #: Predicted models that count as "no fault" for miss / false-alarm rates.
 BENIGN = ("exact", "reordering")

@@ -35,22 +35,24 @@ from typing import Any
 
 import numpy as np
 
-from peat_jax.detector._detect import SPARSE_EXACT_BITS, SPARSE_EXACT_SHARE
-from peat_jax.detector._detect import detect
-from peat_jax.detector._facts import (
-    BENIGN_NOISE_RATIO, Candidate, Diagnosis, NARROW_FORMATS, _Facts, _host,
-    _working_format)
-from peat_jax.detector._rules import _rule_indexing, _rule_stuck
+from peat_jax.detector.hypotheses import _h_whole as whole
+from peat_jax.detector.facts import CONFIG, DetectorConfig
+from peat_jax.detector.hypotheses._detect import detect
+from peat_jax.detector.facts import (
+    Candidate, Diagnosis, Facts, NARROW_FORMATS, checked_signature,
+    working_format)
 
 #: A record is cleared only when neither direction holds fewer than this
-#: share of its changed magnitudes (the truncation rules fire at 1%).
-ONE_SIDED_SHARE = 0.05
+#: share of its changed magnitudes (the truncation rules fire at
+#: one_sided, 1%: five times that is a margin).
+ONE_SIDED_SHARE = 5 * CONFIG.one_sided
 #: ... and no narrow format holds this share of its outputs (the precision
-#: rule fires at 99%, golden 20 points below).
-NARROW_SHARE = 0.9
+#: rule fires at repr_share, 99%: a margin of ten times its complement).
+NARROW_SHARE = 1.0 - 10 * (1.0 - CONFIG.repr_share)
 
 
-def triage(sig, screen, *, dtype=None) -> Diagnosis | None:
+def triage(sig, screen, *, dtype=None,
+           config: DetectorConfig = CONFIG) -> Diagnosis | None:
   """The diagnosis of a screened record, or None where it is flagged.
 
   Args:
@@ -59,17 +61,18 @@ def triage(sig, screen, *, dtype=None) -> Diagnosis | None:
     screen: its :class:`~peat_jax.analyzer.Screen` facts.
     dtype: the compared arrays' dtype when the signature cannot tell (as
       :func:`~peat_jax.detector.detect`).
+    config: the Detector's thresholds.
 
   Returns:
     ``exact`` (bitwise equal) or ``reordering`` (pass) decided by the
     screen (``params["path"] == "screen"``), or None: the record needs
     the decomposition (and the full Detector).
   """
-  s = _host(sig)
-  if int(s["n_bit_equal"]) == int(s["n"]):
-    exact = detect(sig, dtype=dtype)
+  s = checked_signature(sig)
+  if int(s.n_bit_equal) == int(s.n):
+    exact = detect(sig, dtype=dtype, config=config)
     return exact._replace(params={**exact.params, "path": "screen"})
-  f = _Facts(s, _working_format(s, dtype))
+  f = Facts(s, working_format(s, dtype), config=config)
   c = {k: np.asarray(v) for k, v in screen._asdict().items()}
   if not _cleared(f, c):
     return None
@@ -81,38 +84,42 @@ def triage(sig, screen, *, dtype=None) -> Diagnosis | None:
       f"of the float64 reference (the golden kernel's envelope; the KUT's "
       f"largest {float(c['z_max_test']):.3g}, golden's "
       f"{float(c['env_golden_z']):.3g}); median relative error {level:.3g}, "
-      f"bias {float(s['bias']):+.2f}, KUT/golden RMS error vs float64 = "
+      f"bias {float(s.bias):+.2f}, KUT/golden RMS error vs float64 = "
       f"{f.noise_ratio:.3g}", {"level_u": level / f.u, "path": "screen"})
-  return Diagnosis(*cand, candidates=(cand,), verdict="pass")
+  return Diagnosis(*cand[:4], candidates=(cand,), verdict="pass")
 
 
-def _cleared(f: _Facts, c: dict[str, Any]) -> bool:
+def _cleared(f: Facts, c: dict[str, Any]) -> bool:
   """Whether the screen's numbers shut every route but reordering."""
-  s = f.s
+  s = f.sig
   if not f.has_ref or not np.isfinite(f.noise_ratio):
     return False
-  if int(s["n_value_equal"]) == f.n:  # signed zeros: the full path's
+  cfg = f.cfg
+  if int(s.n_value_equal) == f.n:  # signed zeros: the full path's
     return False
   if int(c["n_beyond"]) or int(c["n_nonfinite_mismatch"]) or int(
-      s["n_nonfinite_new"]):
+      s.n_nonfinite_new):
     return False
-  if int(s["n_zeroed"]):  # zeros where golden is not: ftz's values, tiny
+  if int(s.n_zeroed):  # zeros where golden is not: ftz's values, tiny
     return False  # at the row's scale, stay inside the envelope
-  if not f.noise_ratio <= BENIGN_NOISE_RATIO:
+  if not f.noise_ratio <= cfg.benign_noise_ratio:
     return False
-  if bool(s["is_permutation"]) or _rule_indexing(f) or _rule_stuck(f):
+  if (bool(s.is_permutation) or whole.transposed(f) or whole.shifted(f)
+      or whole.stuck(f)):
     return False
-  if f.share <= SPARSE_EXACT_SHARE and f.bits_per_diff <= SPARSE_EXACT_BITS:
+  if (f.share <= cfg.sparse_exact_share
+      and f.bits_per_diff <= cfg.sparse_exact_bits):
     return False
-  if f.ndiff >= 16:
-    up, dn = float(s["ref_test_grown"]), float(s["ref_test_shrunk"])
+  if f.ndiff >= cfg.truncation_min_count:
+    up, dn = float(s.ref_test_grown), float(s.ref_test_shrunk)
     sides = (min(up, dn) / max(up + dn, 1e-30),
              min(f.larger, f.smaller) / max(f.ndiff, 1))
     if min(sides) <= ONE_SIDED_SHARE:
       return False
-  repr_t = np.asarray(s["repr_test"], np.float64)
-  repr_g = np.asarray(s["repr_golden"], np.float64)
+  repr_t = np.asarray(s.repr_test, np.float64)
+  repr_g = np.asarray(s.repr_golden, np.float64)
   for k in range(len(NARROW_FORMATS)):
-    if repr_t[k] >= NARROW_SHARE and repr_g[k] <= repr_t[k] - 0.1:
+    if (repr_t[k] >= NARROW_SHARE
+        and repr_g[k] <= repr_t[k] - cfg.repr_gap / 2):
       return False
   return True

@@ -10,7 +10,7 @@ import math
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from peat_jax.core import PeatError
-from peat_jax.detector._facts import BENIGN_NOISE_RATIO, Candidate, Diagnosis
+from peat_jax.detector.facts import BENIGN_NOISE_RATIO, Candidate, Diagnosis
 
 #: The verdicts, mildest first.
 VERDICTS = ("pass", "warn", "fail")
