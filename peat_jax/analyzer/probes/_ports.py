@@ -239,7 +239,8 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                                  level, _output_u(test))
   if only is not None:
     hyps = [h for h in hyps if h.name == only]
-  best = _best_variant(hyps, _ratio_base(t, r, fin), t, r, g, fin)
+  best = _best_variant(hyps, _ratio_base(t, r, fin), t, r, g, fin,
+                       np.dtype(getattr(test, "dtype", np.float32)))
   if best is None:
     return None
   ratio, v, h = best
@@ -284,10 +285,21 @@ def _output_u(test) -> float:
   return _core.FORMATS[_core.DTYPE_FORMAT.get(name, "fp32")].unit_roundoff
 
 
+def _at_output(h: np.ndarray, dtype) -> np.ndarray:
+  """A hypothesis's float64 output rounded to the KUT output's dtype
+  where it is 16-bit: the KUT rounds its own result there too, and half
+  an ulp of bf16 is no part of the hypothesis's distance."""
+  if np.dtype(dtype).itemsize > 2:
+    return h
+  with np.errstate(all="ignore"):
+    return np.asarray(h.astype(np.float32).astype(dtype), np.float64)
+
+
 def _best_variant(hyps: Sequence[Variant], base: "_RatioBase", t, r, g,
-                  fin) -> tuple[float, Variant, np.ndarray] | None:
+                  fin, dtype) -> tuple[float, Variant, np.ndarray] | None:
   """The variant with the lowest median ratio (structural ones read where
-  they move the output), with its output; None when none evaluates."""
+  they move the output), with its output; None when none evaluates. The
+  ratio is read on the variant rounded to the output's dtype."""
   best = None
   for v in hyps:
     try:
@@ -297,8 +309,9 @@ def _best_variant(hyps: Sequence[Variant], base: "_RatioBase", t, r, g,
       continue
     if np.shape(h) != t.shape:
       continue
-    ratio = _median_ratio(_where_moved(base, h, r, g, fin) if
-                          v.model == "indexing" else base, h)
+    hc = _at_output(h, dtype)
+    ratio = _median_ratio(_where_moved(base, hc, r, g, fin) if
+                          v.model == "indexing" else base, hc)
     if best is None or ratio < best[0]:
       best = (ratio, v, h)
   return best

@@ -46,10 +46,9 @@ from jax import lax
 
 from peat_jax import core as _core
 from peat_jax.analyzer.signature._base import (
-    BASE_MIN_SHARE, CLEAR_FACTOR, DENSE_RESIDUAL_MIN, FAR_QUANTILE, DENSE_RESIDUAL_SHARE, FAR_FACTOR,
-    MAX_FLIPS,
-    NEAR_ULPS, excess_ulps, fit_rounded_base, flip_null, flips_needed,
-    rounded_explains, top_bit)
+    BASE_MIN_SHARE, CLEAR_FACTOR, DENSE_RESIDUAL_MIN, DENSE_RESIDUAL_SHARE,
+    FAR_FACTOR, FAR_QUANTILE, MAX_FLIPS, NEAR_ULPS, excess_ulps,
+    fit_rounded_base, flip_null, flips_needed, rounded_explains, top_bit)
 from peat_jax.analyzer.signature._bits import _uint, sample_jitter
 from peat_jax.analyzer.signature._layout import (
     Layout, cols_sum, flat, layout, per_element, rows_sum, seg_sum,

@@ -87,9 +87,9 @@ def rounded_output(f: Facts) -> list[Found]:
     return []  # more than one rounding: the accumulation hypothesis's
   mode = _mode_name(f)
   part = "the whole output" if whole else f"{covers} elements"
+  typical = cfg.one_rounding_typical * u
   return [Found(f"precision:{fmt}",
-                Rounded(fmt, "output", mode, level, cfg.one_rounding_typical * u, 0.0, (),
-                        covers),
+                Rounded(fmt, "output", mode, level, typical, 0.0, (), covers),
                 f"{covers} elements ({pct(covers / max(f.n, 1))}) are the "
                 f"float64 reference rounded to {fmt} ({mode.replace('_', ' ')}"
                 f"), within the golden kernel's envelope: outputs rounded to "
@@ -113,10 +113,11 @@ def narrow_outputs(f: Facts) -> list[Found]:
   u = UNIT_ROUNDOFF[fmt]
   share = float(f.sig.repr_test[NARROW_FORMATS.index(fmt)])
   bound = f.cfg.one_rounding_median * u
+  typical = cfg.one_rounding_typical * u
   if f.rel_med <= bound:
     return [Found(f"precision:{fmt}",
-                  Rounded(fmt, "output", "nearest", f.rel_med, cfg.one_rounding_typical * u,
-                          octaves(max(f.rel_med, 1e-300), cfg.one_rounding_typical * u), (),
+                  Rounded(fmt, "output", "nearest", f.rel_med, typical,
+                          octaves(max(f.rel_med, 1e-300), typical), (),
                           f.ndiff),
                   f"{pct(share)} of outputs are exact {fmt} values and the "
                   f"median relative error {f.rel_med:.3g} is within one "
@@ -336,14 +337,28 @@ def _value_function(f: Facts) -> bool:
   return (f.dec and _f(f.sig.value_r2) >= f.cfg.value_r2) or f.biased
 
 
+def _refuted(f: Facts, fmt: str) -> bool:
+  """Whether the port probe synthesized the inputs rounded to ``fmt`` (an
+  ``inputs_<fmt>...`` hypothesis) and they did not explain the output: a
+  level is weaker evidence than that synthesis."""
+  probe = f.ctx.probe
+  return (probe is not None and not probe.explains
+          and any(t == f"inputs_{fmt}" or t.startswith(f"inputs_{fmt}_")
+                  for t in probe.tried))
+
+
 def input_level(f: Facts) -> list[Found]:
   """``precision:<fmt>`` (inputs): outputs at working precision whose
   median relative error is input_rounding_level u(fmt) of a format,
-  within level_octaves; formats of the same u are its alternatives."""
+  within level_octaves; formats of the same u are its alternatives; a
+  format whose rounded inputs the port probe synthesized without
+  explaining the output is refuted."""
   cfg = f.cfg
   if _value_function(f) or narrowest(f) is not None:
     return []
-  fmts = _input_formats(f)
+  fmts = tuple(k for k in _input_formats(f) if not _refuted(f, k))
+  if not fmts:
+    return []
   preds = [(k, cfg.input_rounding_level * UNIT_ROUNDOFF[k]) for k in fmts]
   dist = [(octaves(f.rel_med, p), k, p) for k, p in preds]
   d, fmt, pred = min(dist, key=lambda x: (x[0], fmts.index(x[1])))

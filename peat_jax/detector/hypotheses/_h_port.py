@@ -164,10 +164,11 @@ def biased_error(f: Facts) -> list[Found]:
 
 
 def probed_dense(f: Facts) -> list[Found]:
-  """``approximation``: a dense, bounded error beyond rounding (at most
-  approximation_bound of the scale) that neither a constant nor an input
-  precision the probe tried explains, and whose level is no narrow
-  format's rounding (within 1/4 to 2 u of bf16 or fp16)."""
+  """``approximation``: a dense error beyond rounding that neither a
+  constant nor an input precision the probe tried explains, and whose
+  level is no narrow format's rounding (within 1/4 to 2 u of bf16 or
+  fp16): another closed form of the same function within
+  approximation_bound of the scale, another function beyond it."""
   cfg = f.cfg
   if not (_open(f) and _probed(f)):
     return []
@@ -176,17 +177,21 @@ def probed_dense(f: Facts) -> list[Found]:
                <= cfg.narrow_level_high * UNIT_ROUNDOFF[k]
                for k in ("bf16", "fp16"))
   rms = _f(f.sig.in_rel_rms)
-  if narrow or rms > cfg.approximation_bound:
+  if narrow:
     return []
   probe = f.ctx.probe
+  closed = rms <= cfg.approximation_bound
+  what = ("another closed form of the same function" if closed else
+          "another function (beyond any closed form of this one: a wrong "
+          "formula)")
   return [Found("approximation",
-                Form("unknown_form", math.nan, rms, f.noise_ratio,
-                     f"tried {', '.join(probe.tried)}", f.ndiff),
-                f"a dense, bounded error beyond rounding (RMS {rms:.3g} of "
-                f"the scale, {f.noise_ratio:.3g}x the golden noise floor) "
-                f"that neither a constant nor an input precision the probe "
-                f"tried explains ({', '.join(probe.tried)}; best "
-                f"{probe.name}, ratio {probe.ratio:.2g}): another closed "
-                "form of the same function",
-                1.0 - rms / cfg.approximation_bound)]
+                Form("closed_form" if closed else "formula", math.nan, rms,
+                     f.noise_ratio, f"tried {', '.join(probe.tried)}",
+                     f.ndiff),
+                f"a dense error beyond rounding (RMS {rms:.3g} of the scale, "
+                f"{f.noise_ratio:.3g}x the golden noise floor) that neither "
+                f"a constant nor an input precision the probe tried explains "
+                f"({', '.join(probe.tried)}; best {probe.name}, ratio "
+                f"{probe.ratio:.2g}): {what}",
+                max(1.0 - rms / cfg.approximation_bound, cfg.half))]
 

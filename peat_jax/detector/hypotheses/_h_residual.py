@@ -305,7 +305,8 @@ def tiles(f: Facts) -> list[Found]:
     if (full[i] and full[i] == anyt[i]
         and full[i] * ts * ts >= cfg.match_share * f.n_out):
       n = min(int(full[i]) * ts * ts, f.n_out)
-      return [Found("lane", Lane("tile", 0, 0, ts, int(full[i]), "corrupted", n),
+      tiled = Lane("tile", 0, 0, ts, int(full[i]), "corrupted", n)
+      return [Found("lane", tiled,
                     f"the {f.n_out} outliers fill {int(full[i])} aligned "
                     f"{ts}x{ts} tiles, every element of each: tile "
                     "corruption", n / f.n_out)]
