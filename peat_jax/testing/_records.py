@@ -87,6 +87,7 @@ balance_test null_flips
 _ERROR_COUNT = """
 n_sign_flip n_err_pos n_err_neg n_mag_larger n_mag_smaller n_beyond n_out
 n_out_flip1 n_out_flip2 n_out_flip3 n_out_far n_out_clear n_shoulder
+n_out_exact_flips
 n_out_moved n_out_matched out_shift_n n_small
 n_small_err_test
 """

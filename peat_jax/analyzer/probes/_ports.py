@@ -15,8 +15,7 @@ The variants of each kind live in ``._forms``. Given the site's float64
 reference function, the probe also fits the base by synthesis
 (``._precision``): the reference on the inputs rounded to bf16, fp16 or
 tf32 to nearest, and, where the KUT's error level calls for a format, in
-the other rounding modes (toward zero, ties away) and with the output
-rounded too. For a nonlinear kernel the error such rounding leaves is not
+the other rounding modes (toward zero, ties away). For a nonlinear kernel the error such rounding leaves is not
 a fixed multiple of u(fmt) (a softmax's grows with its logits), so the
 level of the error alone cannot name it; the probe can.
 
@@ -239,8 +238,10 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                                  level, _output_u(test))
   if only is not None:
     hyps = [h for h in hyps if h.name == only]
-  best = _best_variant(hyps, _ratio_base(t, r, fin), t, r, g, fin,
-                       np.dtype(getattr(test, "dtype", np.float32)))
+  dtype = np.dtype(getattr(test, "dtype", np.float32))
+  r_out = _at_output(r, dtype)
+  best = _best_variant(hyps, _ratio_base(t, r_out, fin), t, r_out, g, fin,
+                       dtype)
   if best is None:
     return None
   ratio, v, h = best
@@ -271,10 +272,10 @@ def _level(t: np.ndarray, r: np.ndarray, fin: np.ndarray) -> float | None:
 
 
 def _named_level(name: str) -> float | None:
-  """The level at which a named precision hypothesis (``inputs_<fmt>...``,
-  ``io_<fmt>``) is tried: its own prediction."""
+  """The level at which a named precision hypothesis (``inputs_<fmt>...``)
+  is tried: its own prediction."""
   for fmt in LEVEL_FORMATS:
-    if name.startswith((f"inputs_{fmt}", f"io_{fmt}")):
+    if name.startswith(f"inputs_{fmt}"):
       return INPUT_LEVEL * _core.FORMATS[fmt].unit_roundoff
   return None
 
@@ -286,9 +287,10 @@ def _output_u(test) -> float:
 
 
 def _at_output(h: np.ndarray, dtype) -> np.ndarray:
-  """A hypothesis's float64 output rounded to the KUT output's dtype
-  where it is 16-bit: the KUT rounds its own result there too, and half
-  an ulp of bf16 is no part of the hypothesis's distance."""
+  """A float64 output (a hypothesis's, the reference) rounded to the KUT
+  output's dtype where it is 16-bit: the KUT rounds its own result there
+  too, and half an ulp of bf16 is no part of either distance (the ratio
+  reads the KUT against both, rounded alike)."""
   if np.dtype(dtype).itemsize > 2:
     return h
   with np.errstate(all="ignore"):

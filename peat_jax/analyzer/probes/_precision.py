@@ -10,9 +10,9 @@ the kernel's float64 reference under each hypothesis of its arithmetic:
 * ``inputs_<fmt>_toward_zero``, ``inputs_<fmt>_nearest_away``: the same
   inputs rounded toward zero (what tensor cores do to raw float32
   operands) or to nearest with ties away;
-* ``io_<fmt>``: inputs and output rounded to ``fmt`` (a kernel computed
-  in a 16-bit format and cast back).
 
+Outputs rounded to a coarser format are the Analyzer's base, fitted
+exactly from the outputs (``signature._base``), not a probe hypothesis.
 The other modes and formats are tried, on the host, at the sites of a
 kind with variants of its own (``_forms.FORM_KINDS``: the probe runs on
 the host there anyway) where the KUT's error level fits them: formats
@@ -67,13 +67,10 @@ def variant_rounding(key: str) -> tuple[str, str]:
   return key, "nearest_even"
 
 
-def precision_sentence(fmt: str, mode: str = "nearest_even",
-                       where: str = "inputs") -> str:
-  """What the hypothesis rounding ``where`` to ``fmt`` in ``mode`` is."""
+def precision_sentence(fmt: str, mode: str = "nearest_even") -> str:
+  """What the hypothesis rounding the inputs to ``fmt`` in ``mode`` is."""
   how = "" if mode == "nearest_even" else f" ({mode.replace('_', ' ')})"
-  what = ("its inputs" if where == "inputs" else
-          "its inputs and output")
-  return f"the kernel on {what} rounded to {fmt}{how}"
+  return f"the kernel on its inputs rounded to {fmt}{how}"
 
 
 def rounded_operand(x, fmt: str, mode: str = "nearest_even"):
@@ -148,11 +145,4 @@ def precision_hypotheses(kind: str, args: Sequence[Any],
           lambda fmt=fmt, mode=mode: reference_fn(
               *[rounded_operand(a, fmt, mode) for a in args]),
           extra={"where": "inputs", "rounding": mode}))
-    if fmt in ("bf16", "fp16"):
-      out.append(Variant(
-          f"precision:{fmt}", f"io_{fmt}",
-          precision_sentence(fmt, where="io"),
-          lambda fmt=fmt: rounded_operand(np.asarray(reference_fn(
-              *[rounded_operand(a, fmt) for a in args]), np.float64), fmt),
-          extra={"where": "inputs and output", "rounding": "nearest_even"}))
   return out

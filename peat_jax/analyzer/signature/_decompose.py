@@ -152,6 +152,8 @@ class Decomposition(NamedTuple):
   #   CLEAR_FACTOR: not the tail of a dense error), NaN/Inf included
   n_shoulder: Array  # int32: elements within CLEAR_FACTOR below the
   #   outlier threshold (not outliers): a dense error's tail
+  n_out_exact_flips: Array  # int32: finite outliers differing from golden
+  #   in at most MAX_FLIPS bits
   n_out_moved: Array  # int32: outliers whose sorted values equal their
   #   sorted references within the envelope (a permutation among them)
   n_out_matched: Array  # int32: outliers compared so (all, when <= 4096)
@@ -216,8 +218,8 @@ def empty(rows: int, cols: int, nbits: int) -> Decomposition:
       jnp.int32(0),
       jnp.int32(0), jnp.int32(0),
       jnp.int32(0), jnp.int32(0), f(MAX_FLIPS), jnp.int32(0), jnp.int32(0),
-      jnp.int32(0), jnp.int32(0), jnp.int32(0), z(nbits), z(nbits),
-      z(nbits),
+      jnp.int32(0), jnp.int32(0), jnp.int32(0), jnp.int32(0), z(nbits),
+      z(nbits), z(nbits),
       z(LANES),
       z(rows), z(cols), z(3), z(3), f(2 * SHIFT_RANGE + 1),
       f(2 * SHIFT_RANGE + 1), nan, jnp.int32(0), nan, nan, nan, f(rows),
@@ -641,6 +643,11 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   flip1 = out & (need == 1)
   flip2 = out & (need == 2)
   flip3 = out & (need == 3)
+  # Outliers that differ from golden in at most MAX_FLIPS bits, nothing
+  # else moved: a fault's flips on a base that is golden itself (a value
+  # drawn like the data differs in about half of its bits).
+  exact_flips = out & fin_t & (
+      lax.population_count(x).astype(jnp.int32) <= MAX_FLIPS)
   t0 = (ut << jnp.array(1, uty)) == 0
   k = min(MATCH_OUTLIERS, cap)
   idx = first_true(out, k)
@@ -791,6 +798,7 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
       jnp.sum(flip2, dtype=jnp.int32), jnp.sum(flip3, dtype=jnp.int32),
       null_flips, jnp.sum(far, dtype=jnp.int32),
       jnp.sum(clear, dtype=jnp.int32), jnp.sum(shoulder, dtype=jnp.int32),
+      jnp.sum(exact_flips, dtype=jnp.int32),
       moved, nmatch, flip_bits,
       flip_up,
       out_bits_xor, out_lane, out_rows,

@@ -318,7 +318,7 @@ class Signature(NamedTuple):
       Its fields: decomposed, env_theta, env_theta_golden, env_golden_z,
       z_med_test, z_med_golden, z_max_test, n_beyond, n_out, n_out_zero,
       n_out_flip1, n_out_flip2, n_out_flip3, null_flips, n_out_far,
-      n_out_clear, n_shoulder,
+      n_out_clear, n_shoulder, n_out_exact_flips,
       n_out_moved, n_out_matched,
       out_flip_bits, out_flip_up, out_bits_xor, out_lane, out_rows,
       out_cols, out_tiles_any, out_tiles_all, out_shift_col,
@@ -429,6 +429,7 @@ class Signature(NamedTuple):
   n_out_far: Array
   n_out_clear: Array
   n_shoulder: Array
+  n_out_exact_flips: Array
   n_out_moved: Array
   n_out_matched: Array
   out_flip_bits: Array

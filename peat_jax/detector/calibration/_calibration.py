@@ -188,7 +188,10 @@ def injections(rng: np.random.Generator, shape: tuple[int, ...], dtype: str
       ("zero", "zero", {"mode": "elements", "count": 20}),
       ("nan", "nan", {"count": 3, "kind": "nan"}),
       ("scale", "scale", {"factor": float(rng.choice([0.5, 0.125, 3.0]))}),
-      ("truncation", "truncation", {"fmt": "bf16"}),
+      # Outputs rounded toward zero into a coarser format: that format's
+      # precision, the rounding mode in its evidence (docs/detector.md);
+      # ``truncation`` is a result rounded toward zero in its own format.
+      ("precision:bf16", "truncation", {"fmt": "bf16"}),
       ("ftz", "ftz", {"fmt": "fp16"}),
   ]
   # Rounding into a format at least as precise as the data changes almost

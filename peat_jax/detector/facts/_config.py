@@ -80,9 +80,10 @@ class DetectorConfig:
   flip_odds: float = _t(2.0 ** -3, FACT, """
       bitflip predicts its outliers back inside the base after the flips
       with probability ~1, a value drawn like the data with the flip
-      null's p: bitflip is named where the binomial tail of the null is at
-      most 1/8 (a likelihood ratio of 8; the null's 16 partners per place
-      resolve p down to 1/18).""")
+      null's p: over a base that is not golden itself, bitflip is named
+      where the binomial tail of the null is at most 1/8 (a likelihood
+      ratio of 8; the null's 16 partners per place resolve p down to
+      1/18).""")
   biased: float = _t(0.5, FACT, """
       rounding to nearest is unbiased: the mean of its errors is within
       4/sqrt(n) of their RMS (0.5 from n = 64); a dense error more biased

@@ -24,7 +24,7 @@ from peat_jax.detector.facts import (
     Stuck, Unexplained, Zeroed)
 from peat_jax.detector.facts import (
     FORMAT_MAX, NARROW_FORMATS, Facts, outliers_within_long_sum, pct)
-from peat_jax.detector.hypotheses._h_whole import clipped_at_max
+from peat_jax.detector.hypotheses._h_whole import clipped_at_max, tiny_flush
 
 #: The ftz threshold of each narrow format: its smallest normal.
 _MIN_NORMAL = {k: _core.FORMATS[k].min_normal for k in NARROW_FORMATS}
@@ -171,23 +171,30 @@ def bitflip(f: Facts) -> list[Found]:
   data would not do as often (binomial tail at most flip_odds against the
   flip null, the outliers clear of the base), or half of which lie
   beyond the data's range (exponent flips: ``n_out_far``; a value drawn
-  like the data never does)."""
+  like the data never does). Outliers that are NaN/Inf are read by their
+  exact bits instead (``_h_whole.nonfinite``): back inside the envelope
+  says little of a NaN, one or two flips from many values."""
   s, cfg = f.sig, f.cfg
   if not residual_open(f) or not _sparse(f):
     return []
+  if f.new_nonfinite >= cfg.match_share * f.n_out:
+    return []  # NaN/Inf outliers: flips only by their exact bits (whole)
   found = flip_test(f)
   if found is None:
     return []
   k, covered, tail = found
   far = _i(s.n_out_far)
-  if not ((tail <= cfg.flip_odds and clear_of_base(f))
-          or far >= cfg.half * covered):
+  exact = _i(s.n_out_exact_flips)
+  if exact >= cfg.match_share * f.n_out:
+    why = f"{exact} of them differ from golden in those bits alone"
+  elif tail <= cfg.flip_odds and clear_of_base(f):
+    why = f"binomial tail {tail:.2g} of as many by chance"
+  elif far >= cfg.half * covered:
+    why = f"{far} of them beyond the data's range of magnitudes"
+  else:
     return []
   bits = flipped_bits(f)
   how = "one bit" if k == 1 else f"up to {k} bits"
-  why = (f"binomial tail {tail:.2g} of as many by chance" if
-         tail <= cfg.flip_odds else
-         f"{far} of them beyond the data's range of magnitudes")
   nan = (f"; {f.new_nonfinite} of them became NaN/Inf"
          if f.new_nonfinite else "")
   return [Found("bitflip", Flips(covered, tuple(bits), k, tail, covered),
@@ -218,6 +225,8 @@ def random_values(f: Facts) -> list[Found]:
     return []
   if f.new_nonfinite >= f.cfg.match_share * f.n_out:
     return []  # NaN/Inf: the nan hypothesis's
+  if _zeros(f) >= f.cfg.zero_share * f.n_out:
+    return []  # zeros: the zero and flush hypotheses
   ratio = _f(s.out_abs_max) / max(f.golden_rms, 1e-300)
   return [Found("random_value", Replaced(f.n_out, ratio, f.n_out),
                 f"{f.n_out} outliers ({pct(f.n_out / f.n)}) hold values no "
@@ -270,12 +279,13 @@ def _rounded_to_zero(f: Facts) -> bool:
 
 def zero(f: Facts) -> list[Found]:
   """``zero``: the outliers are zero where golden is not (missed writes),
-  as whole rows or aligned tiles where they are."""
+  as whole rows or aligned tiles where they are; not zeros that a flush
+  of tiny values or a coarser format's rounding explains."""
   s, cfg = f.sig, f.cfg
   zeros = _zeros(f)
   if (not residual_open(f) or zeros < cfg.zero_share * f.n_out
-      or _rounded_to_zero(f)):
-    return []
+      or _rounded_to_zero(f) or flush_in_format(f) or tiny_flush(f)):
+    return []  # (zeros a flush or a coarser format explains: theirs)
   cols = _columns(f)
   rows = np.asarray(s.out_rows, np.int64)
   full_rows = int(np.sum(rows == cols))

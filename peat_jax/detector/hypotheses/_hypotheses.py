@@ -112,24 +112,25 @@ HYPOTHESES = (
     Hypothesis("reordering", _B, "any", base.within_floor),
     Hypothesis("reordering", _B, "any", base.long_sum_order),
     Hypothesis("precision", _B, "any", base.truncated_operands),
+    Hypothesis("accumulation", _B, "any", base.accumulation_level),
+    Hypothesis("precision", _B, "any", base.input_level),
     Hypothesis("parameter / approximation", _B, "any", port.row_scale),
     Hypothesis("approximation", _B, "any", port.value_function),
     Hypothesis("approximation", _B, "any", port.biased_error),
     Hypothesis("approximation", _B, "any", port.probed_dense),
-    Hypothesis("precision", _B, "any", base.input_level),
-    Hypothesis("accumulation", _B, "any", base.accumulation_level),
     Hypothesis("reordering", _B, "any", base.small_median),
 )
 
 #: A fault's rank: exact relations, then patterns, then the catch-alls
-#: (a NaN among a few flipped elements is the flip's; sorted outliers
-#: lining up with golden's values is a coincidence next to one bit forced
-#: one way).
+#: (one bit forced one way is the fault, the lane it sits in its place; a
+#: NaN among a few flipped elements is the flip's; values permuted among
+#: the outliers, their error gone when sorted, are no flips).
 FAULT_TIERS = {"saturation": 0, "scale": 1, "parameter": 1,
                "indexing:shift": 2, "indexing:transpose": 2, "ftz": 3,
-               "lane:stride": 4, "zero": 5, "lane:tile": 6,
-               "indexing:tile_edge": 7, "stuck_at": 8, "bitflip": 9,
-               "indexing": 10, "nan": 11, "random_value": 12, "unknown": 13}
+               "stuck_at": 4, "lane:stride": 5, "zero": 6, "lane:tile": 7,
+               "indexing:tile_edge": 8, "indexing:permutation": 9,
+               "bitflip": 10, "indexing": 11, "nan": 12, "random_value": 13,
+               "unknown": 14}
 
 
 def applicable(f: Facts) -> tuple[Hypothesis, ...]:
