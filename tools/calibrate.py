@@ -54,7 +54,8 @@ _INVARIANCE = flags.DEFINE_bool(
     "invariance", False,
     "Invariance cases instead: KUTs that return an earlier call's values, "
     "ignore their input, change it in place or depend on the batch, probed "
-    "as in playback (float32).", flag_values=FLAGS)
+    "as in playback, at each source's own dtype (bf16 on llama and "
+    "vit_bf16).", flag_values=FLAGS)
 _cli.define_renamed_flags(
     FLAGS, seeds=("injection_seeds", "the seeds of the injected errors; "
                   "--seeds is the golden seeds of runtime FI's "

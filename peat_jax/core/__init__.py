@@ -21,6 +21,7 @@ from peat_jax.core._formats import NARROW_FORMATS as NARROW_FORMATS
 from peat_jax.core._formats import format_of as format_of
 from peat_jax.core._formats import format_of_code as format_of_code
 from peat_jax.core._formats import get_format as get_format
+from peat_jax.core._formats import is_floating as is_floating
 from peat_jax.core._imports import import_user_module as import_user_module
 from peat_jax.core._imports import user_function as user_function
 from peat_jax.core._mappings import mapping_use as mapping_use

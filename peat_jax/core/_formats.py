@@ -135,6 +135,20 @@ def format_of(dtype) -> Format:
   return FORMATS[DTYPE_FORMAT[name]]
 
 
+def is_floating(dtype) -> bool:
+  """Whether ``dtype`` is a floating-point type, the ``ml_dtypes`` ones
+  (bfloat16, the fp8 formats) included: NumPy gives those kind ``"V"``, so
+  ``dtype.kind == "f"`` misses them."""
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f":
+    return True
+  try:
+    ml_dtypes.finfo(dtype)
+  except (ValueError, TypeError):
+    return False
+  return True
+
+
 def format_of_code(code: int) -> Format:
   """The format of a Signature's ``dtype_code`` (0 float32 ... 3 float64)."""
   try:

@@ -121,3 +121,21 @@ def test_a_failing_kernel_gives_an_error_not_an_exception():
     raise RuntimeError("kernel exploded")
   facts = peat.analyzer.invariance_probe(broken, [np.ones((4, 4), np.float32)])
   assert facts["outputs"] == [] and "kernel exploded" in facts["error"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_an_input_ignoring_kernel_is_caught_in_every_float_format(dtype):
+  # bfloat16 is NumPy kind "V", not "f": the probe must still perturb it.
+  a, b = (jax.numpy.asarray(x, dtype) for x in operands(6, m=16))
+  held = np.asarray(lax.dot_general(a, b, MM))
+  ignoring = lambda x, w: jax.numpy.asarray(held)  # its first call's output
+  facts = peat.analyzer.invariance_probe(
+      ignoring, [np.asarray(a), np.asarray(b)], golden=[held],
+      reference=lambda x, w: (np.asarray(x, np.float64)
+                              @ np.asarray(w, np.float64)),
+      in_axes=[0, None], out_axes=[0])
+  ins = facts["outputs"][0]["insensitive"]
+  assert ins["moved"] > 0 and ins["still"] == ins["moved"]
+  diag = peat.detector.with_invariance(
+      peat.detect(peat.analyze(held, held)), facts)
+  assert (diag.model, diag.verdict) == ("input_insensitive", "fail")

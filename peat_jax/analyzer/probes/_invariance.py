@@ -43,6 +43,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from peat_jax import core as _core
+
 #: Seed of the perturbation (reproducible records).
 PROBE_SEED = 20
 #: The perturbed input element moves by this many times its row's RMS.
@@ -93,7 +95,7 @@ def _mutation(before: Sequence[np.ndarray], dev: Sequence) -> list[dict]:
     after = np.asarray(d)
     if after.shape != b.shape or after.dtype != b.dtype:
       continue
-    changed = _bits(after) != _bits(b) if b.dtype.kind == "f" else after != b
+    changed = _bits(after) != _bits(b) if _core.is_floating(b.dtype) else after != b
     n = int(np.sum(changed))
     if n:
       out.append({"input": i, "changed": n, "size": int(b.size),
@@ -268,7 +270,7 @@ def invariance_probe(fn: Callable, inputs: Sequence[np.ndarray], *,
   arrays = [np.asarray(x) for x in inputs]
   if perturb is None:
     perturb = next((i for i, a in enumerate(arrays)
-                    if a.dtype.kind == "f" and a.ndim >= 1), None)
+                    if _core.is_floating(a.dtype) and a.ndim >= 1), None)
   keep: list = []  # every probe buffer stays alive: no address is reused
   try:
     a_out, a_dev = _call(fn, arrays, keep)
@@ -303,7 +305,7 @@ def invariance_probe(fn: Callable, inputs: Sequence[np.ndarray], *,
   outputs = []
   for k, (a, p, c) in enumerate(zip(a_out, p_out, c_out)):
     facts: dict[str, Any] = {}
-    if a.dtype.kind == "f" and a.size and a.shape == p.shape == c.shape:
+    if _core.is_floating(a.dtype) and a.size and a.shape == p.shape == c.shape:
       facts["repeat"] = _repeat(a, p, c)
       if d_out is not None and k < len(d_out) and d_out[k].shape == a.shape:
         facts["reuse"] = _reuse(a, d_out[k], p)

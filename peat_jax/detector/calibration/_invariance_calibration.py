@@ -215,7 +215,7 @@ def run_invariance_calibration(cases: Sequence[_cal.CalibrationCase], *,
       diag = _invariance.with_invariance(
           diag, {"mutation": facts["mutation"], "outputs": [out]})
       records.append(_cal.CalibrationRecord(
-          case.kernel, case.source, "float32", "invariance", name, expected,
+          case.kernel, case.source, g.dtype.name, "invariance", name, expected,
           diag.model, float(diag.confidence), diag.verdict, diag.evidence,
           secondary=diag.secondary.model if diag.secondary else ""))
     if progress:

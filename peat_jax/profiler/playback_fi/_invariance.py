@@ -31,6 +31,7 @@ import jax
 import numpy as np
 
 from peat_jax import analyzer as _analyzer
+from peat_jax import core as _core
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
 from peat_jax.profiler.playback_fi._site_records import site_reference
@@ -42,7 +43,7 @@ _HASH = np.random.default_rng(2026).integers(
 def _row_hashes(x: np.ndarray) -> np.ndarray:
   """One 64-bit hash of each row (last axis) of ``x``'s bit patterns."""
   x = np.ascontiguousarray(np.asarray(x))
-  if x.ndim == 0 or x.dtype.kind != "f":
+  if x.ndim == 0 or not _core.is_floating(x.dtype):
     return np.zeros((0,), np.uint64)
   bits = x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
   rows = bits.reshape(-1, x.shape[-1]).astype(np.uint64)
@@ -114,7 +115,7 @@ def _axes(call, params: dict, inputs: Sequence[np.ndarray],
            else None for x in inputs]
     return ins, [0 if np.ndim(o) and np.shape(o)[0] == rows else None
                  for o in outputs]
-  arrays = [x for x in inputs if np.asarray(x).dtype.kind == "f"
+  arrays = [x for x in inputs if _core.is_floating(np.asarray(x).dtype)
             and np.ndim(x) >= 2]
   if not arrays:
     return None
