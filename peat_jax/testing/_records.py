@@ -56,7 +56,8 @@ ROUNDING_ATOL = 0.25
 
 _EXACT = """
 kind kut step site kernel phase reduction backward port.model port.name
-port.explains port.tried port.carried_from decided_by diagnosis.model
+port.explains port.tried port.carried_from port.rounding port.where
+decided_by diagnosis.model
 diagnosis.verdict
 diagnosis.secondary.model name
 n n_nan_test n_nan_golden n_inf_test n_inf_golden n_finite_pairs

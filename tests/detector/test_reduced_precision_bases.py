@@ -133,3 +133,26 @@ def test_a_nan_over_an_attention_ports_precision_is_named_not_raised():
                       {"kernel": "attention", "reduction": 16},
                       probe=cal.probe_of(case, case.inputs), dtype=t.dtype)
   assert diag.model == "nan" and diag.verdict == "fail", diag
+
+
+@pytest.mark.parametrize("k", [16, 32, 96])
+def test_a_float32_gemm_accumulated_in_bf16_is_accumulation_at_short_k(k):
+  """A float32 GEMM whose running sum is kept in bf16 has bf16-exact
+  outputs; at a short reduction a few elements err by more than one
+  rounding, within the accumulator's tail (accumulation_tail K u): that is
+  the accumulator, warn, never an unknown fault (it read unknown, fail, on
+  a small GPT's attention and MLP GEMMs)."""
+  a, b = _normal(40 + k, (48, k)), _normal(41 + k, (k, 64), scale=0.3)
+  case = detector.CalibrationCase("matmul", "random", jnp.matmul, (a, b),
+                                  reduction=k)
+  g = np.asarray(jnp.matmul(a, b))
+  acc = np.zeros((48, 64), np.float32)
+  an, bn = np.asarray(a), np.asarray(b)
+  for i in range(k):  # the running sum rounded to bf16 after every add
+    acc = (acc + an[:, i:i + 1] * bn[i:i + 1, :]).astype(
+        jnp.bfloat16).astype(np.float32)
+  r = cal.reference_of(case, case.inputs)
+  diag = cal.diagnose(acc, g, r, {"kernel": "matmul", "reduction": k},
+                      probe=cal.probe_of(case, case.inputs), dtype=acc.dtype)
+  assert diag.model == "accumulation:bf16", diag.evidence
+  assert diag.verdict == "warn", diag

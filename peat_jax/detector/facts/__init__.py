@@ -1,59 +1,6 @@
-"""
-from peat_jax.detector.facts._config import FACT as FACT
-from peat_jax.detector.facts._config import CALIBRATION as CALIBRATION
-from peat_jax.detector.facts._config import DetectorConfig as DetectorConfig
-from peat_jax.detector.facts._config import CONFIG as CONFIG
-from peat_jax.detector.facts._config import derivation as derivation
-from peat_jax.detector.facts._config import config_table as config_table
-from peat_jax.detector.facts._facts import UNIT_ROUNDOFF as UNIT_ROUNDOFF
-from peat_jax.detector.facts._facts import NARROW_FORMATS as NARROW_FORMATS
-from peat_jax.detector.facts._facts import FORMAT_MAX as FORMAT_MAX
-from peat_jax.detector.facts._facts import MIN_NORMAL as MIN_NORMAL
-from peat_jax.detector.facts._facts import FAULT_MODELS as FAULT_MODELS
-from peat_jax.detector.facts._facts import PORT_MODELS as PORT_MODELS
-from peat_jax.detector.facts._facts import PRECISION_MODELS as PRECISION_MODELS
-from peat_jax.detector.facts._facts import BENIGN_MODELS as BENIGN_MODELS
-from peat_jax.detector.facts._facts import GEMM_KERNELS as GEMM_KERNELS
-from peat_jax.detector.facts._facts import NORMALIZING_KERNELS as NORMALIZING_KERNELS
-from peat_jax.detector.facts._facts import WIDE_BITS as WIDE_BITS
-from peat_jax.detector.facts._facts import NOISE_FLOOR_MULTIPLIER as NOISE_FLOOR_MULTIPLIER
-from peat_jax.detector.facts._facts import BENIGN_NOISE_RATIO as BENIGN_NOISE_RATIO
-from peat_jax.detector.facts._facts import REORDERING_ENVELOPE as REORDERING_ENVELOPE
-from peat_jax.detector.facts._facts import MIN_PATTERN as MIN_PATTERN
-from peat_jax.detector.facts._facts import family as family
-from peat_jax.detector.facts._facts import format_of_model as format_of_model
-from peat_jax.detector.facts._facts import Candidate as Candidate
-from peat_jax.detector.facts._facts import Diagnosis as Diagnosis
-from peat_jax.detector.facts._facts import Probe as Probe
-from peat_jax.detector.facts._facts import Context as Context
-from peat_jax.detector.facts._facts import host_signature as host_signature
-from peat_jax.detector.facts._facts import checked_signature as checked_signature
-from peat_jax.detector.facts._facts import working_format as working_format
-from peat_jax.detector.facts._facts import pct as pct
-from peat_jax.detector.facts._facts import Facts as Facts
-from peat_jax.detector.facts._facts import working_sum_bound as working_sum_bound
-from peat_jax.detector.facts._facts import within_working_sum as within_working_sum
-from peat_jax.detector.facts._facts import long_sum_bound as long_sum_bound
-from peat_jax.detector.facts._facts import within_long_sum as within_long_sum
-from peat_jax.detector.facts._facts import outliers_within_long_sum as outliers_within_long_sum
-from peat_jax.detector.facts._facts import narrowest as narrowest
-from peat_jax.detector.facts._facts import octaves as octaves
-from peat_jax.detector.facts._evidence import Flips as Flips
-from peat_jax.detector.facts._evidence import Stuck as Stuck
-from peat_jax.detector.facts._evidence import Replaced as Replaced
-from peat_jax.detector.facts._evidence import Zeroed as Zeroed
-from peat_jax.detector.facts._evidence import NonFinite as NonFinite
-from peat_jax.detector.facts._evidence import Saturated as Saturated
-from peat_jax.detector.facts._evidence import Lane as Lane
-from peat_jax.detector.facts._evidence import Moved as Moved
-from peat_jax.detector.facts._evidence import Scaled as Scaled
-from peat_jax.detector.facts._evidence import Flushed as Flushed
-from peat_jax.detector.facts._evidence import Rounded as Rounded
-from peat_jax.detector.facts._evidence import Noise as Noise
-from peat_jax.detector.facts._evidence import Form as Form
-from peat_jax.detector.facts._evidence import Unexplained as Unexplained
-from peat_jax.detector.facts._evidence import Repeat as Repeat
-from peat_jax.detector.facts._evidence import Found as Found
+"""The Detector's facts: the typed view of a Signature (:class:`Facts`),
+the frozen :class:`DetectorConfig` whose every threshold carries its
+derivation, and the typed evidence (NamedTuples) hypotheses return.
 """
 
 from peat_jax.detector.facts._config import CALIBRATION as CALIBRATION
@@ -104,6 +51,8 @@ from peat_jax.detector.facts._facts import format_of_model as format_of_model
 from peat_jax.detector.facts._facts import host_signature as host_signature
 from peat_jax.detector.facts._facts import long_sum_bound as long_sum_bound
 from peat_jax.detector.facts._facts import narrowest as narrowest
+from peat_jax.detector.facts._facts import accumulator_format as accumulator_format
+from peat_jax.detector.facts._facts import outliers_within_narrow_sum as outliers_within_narrow_sum
 from peat_jax.detector.facts._facts import octaves as octaves
 from peat_jax.detector.facts._facts import outliers_within_long_sum as outliers_within_long_sum
 from peat_jax.detector.facts._facts import pct as pct

@@ -99,6 +99,13 @@ class DetectorConfig:
       the median relative error of a K-term sum rounded to u at every add
       is about 0.3 sqrt(K) u (random walk; measured 0.25-0.42 sqrt(K) u on
       matmul, softmax and layer norm).""")
+  accumulation_tail: float = _t(4.0, FACT, """
+      a K-term sum rounded to u at every add errs by at most
+      lambda sqrt(K) u sum|terms| with probability 1 - 2 exp(-lambda**2/2)
+      (Higham and Mary's probabilistic bound; lambda = 4: 0.9993 per
+      element), and sum|terms| is about sqrt(K) times the output's RMS for
+      terms of either sign: an accumulator's largest error is 4 K u x the
+      golden RMS.""")
   biased_sum_level: float = _t(2.4, CALIBRATION, """
       an in-order float32 sum of K terms whose small terms fall below half
       an ulp of the running sum loses them, shifting it by ~2.4 sqrt(K) u

@@ -395,6 +395,28 @@ def outliers_within_long_sum(f: Facts) -> bool:
               and _f(s.out_abs_max) <= bound * f.golden_rms)
 
 
+def accumulator_format(f: Facts) -> str | None:
+  """The narrow format a reduction site's running sum may be kept in: a
+  16-bit site's own, or the one a float32 GEMM's or normalizing kernel's
+  outputs are confined to (None: no reduction, or outputs not narrow)."""
+  if not f.ctx.reduction or not (f.ctx.gemm or f.ctx.normalizing):
+    return None
+  fmt = f.work if f.work in ("bf16", "fp16") else narrowest(f)
+  return fmt if fmt in ("bf16", "fp16") else None
+
+
+def outliers_within_narrow_sum(f: Facts) -> bool:
+  """Whether the outliers of a reduction kept in a narrow format are no
+  further from golden than such an accumulator reaches (accumulation_tail
+  K u(fmt) x the golden RMS): a narrow sum's tail, not a fault's values."""
+  fmt, s = accumulator_format(f), f.sig
+  if fmt is None or not f.n_out or _i(s.n_nonfinite_new) or _i(
+      s.n_out_zero):
+    return False
+  bound = f.cfg.accumulation_tail * f.ctx.reduction * UNIT_ROUNDOFF[fmt]
+  return bool(_f(s.out_abs_max) <= bound * f.golden_rms)
+
+
 def narrowest(f: Facts) -> str | None:
   """The coarsest narrow format the test output is confined to (at least
   repr_share of it representable there) and golden is not (repr_gap

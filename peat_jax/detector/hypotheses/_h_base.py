@@ -22,8 +22,9 @@ import numpy as np
 from peat_jax import analyzer as _analyzer
 from peat_jax.detector.facts import Found, Noise, Rounded
 from peat_jax.detector.facts import (
-    NARROW_FORMATS, UNIT_ROUNDOFF, Facts, format_of_model, long_sum_bound,
-    narrowest, octaves, pct, within_long_sum)
+    NARROW_FORMATS, UNIT_ROUNDOFF, Facts, accumulator_format,
+    format_of_model, long_sum_bound, narrowest, octaves, pct,
+    within_long_sum)
 
 #: Input formats of the level hypotheses, by the site's kind: a GEMM's
 #: tensor cores round to tf32; others to bf16 or fp16. Without a kind,
@@ -389,11 +390,10 @@ def accumulation_level(f: Facts) -> list[Found]:
   cfg, k = f.cfg, f.ctx.reduction
   if not k or _value_function(f):
     return []
-  if f.work in ("bf16", "fp16") and (f.ctx.gemm or f.ctx.normalizing):
-    fmt = f.work
-  elif f.ctx.normalizing:
+  fmt = accumulator_format(f)
+  if fmt is None and f.ctx.normalizing:
     fmt = "bf16"
-  else:
+  if fmt is None:
     return []
   pred = cfg.accumulation_level * math.sqrt(float(k)) * UNIT_ROUNDOFF[fmt]
   d = octaves(f.rel_med, pred)

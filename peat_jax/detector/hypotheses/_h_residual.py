@@ -23,7 +23,8 @@ from peat_jax.detector.facts import (
     Flips, Flushed, Found, Lane, Moved, NonFinite, Replaced, Saturated,
     Stuck, Unexplained, Zeroed)
 from peat_jax.detector.facts import (
-    FORMAT_MAX, NARROW_FORMATS, Facts, outliers_within_long_sum, pct)
+    FORMAT_MAX, NARROW_FORMATS, Facts, outliers_within_long_sum,
+    outliers_within_narrow_sum, pct)
 from peat_jax.detector.hypotheses._h_whole import clipped_at_max, tiny_flush
 
 #: The ftz threshold of each narrow format: its smallest normal.
@@ -388,7 +389,8 @@ def unexplained(f: Facts) -> list[Found]:
   the outliers beyond it)."""
   s = f.sig
   if (not residual_open(f) or _sparse(f) or not clear_of_base(f)
-      or f.new_nonfinite >= f.cfg.match_share * f.n_out):
+      or f.new_nonfinite >= f.cfg.match_share * f.n_out
+      or outliers_within_narrow_sum(f)):
     return []
   if _i(s.base_format) < 0 and f.n_beyond > f.n_out:
     return []  # a dense error beyond the golden envelope: a base's

@@ -16,7 +16,9 @@ rounded inputs (their decomposition fields neutral but the screen's); the
 diagnoses, verdicts, ports' magnitudes and every other field are those of
 before, docs/profiler.md; all four again when a primitive site's probe
 moved to the device: a first checkpoint's records that rounded inputs
-explain are not decomposed either, the rest as before) holds the ``playback.msgpack`` of small campaigns on the
+explain are not decomposed either, the rest as before; all four again
+for the Detector as hypotheses: new Signature and port fields, every
+diagnosis and verdict as before) holds the ``playback.msgpack`` of small campaigns on the
 real CNN and a small GPT (``cases.py``): forward sites of a native conv2d
 and matmul KUT, composite sites (host references) and three KUTs played
 together, and the KUT's VJP at the backward sites. Each test makes the same

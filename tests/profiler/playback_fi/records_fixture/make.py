@@ -7,7 +7,11 @@ four again for issue 34's probe of a primitive site on the device: a
 first checkpoint's records that rounded inputs explain are no longer
 decomposed (their decomposition fields neutral, as the carried ones'),
 the ports' float fields moved in their last bits (at most 1.2e-13
-relative), diagnoses, verdicts and paths as before).
+relative), diagnoses, verdicts and paths as before; all four again at
+the commit after f6289d9 for the Detector as hypotheses: the Signature's
+base fields and exact-flip counts, the port's rounding mode and where it
+rounds, the truncated TF32 operands tried; every diagnosis and verdict as
+before).
 
   .venv/bin/python tests/profiler/playback_fi/records_fixture/make.py [case ...]
   .venv/bin/python tests/profiler/playback_fi/records_fixture/make.py --out=DIR [case ...]
