@@ -213,11 +213,12 @@ def build_task(config: dict[str, Any], *, name: str = "minilm_finetune",
                                                                batch["y"]))
   init_head = jax.jit(
       lambda s: nnx.to_pure_dict(nnx.state(nnx.Linear(
-          model_config.hidden_size, len(topics), rngs=nnx.Rngs(s)))),
-      static_argnums=0)
+          model_config.hidden_size, len(topics),
+          rngs=nnx.Rngs(jax.random.key(s))))))
 
   def init_state(init_seed: int) -> peat.TrainState:
-    params = {"encoder": pretrained, "head": init_head(init_seed)}
+    params = {"encoder": pretrained,
+              "head": init_head(jnp.asarray(int(init_seed), jnp.int32))}
     return peat.TrainState(
         step=jnp.zeros((), jnp.int32), params=params,
         opt_state=tx.init(params), rng=jax.random.PRNGKey(init_seed + 1),

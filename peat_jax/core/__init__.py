@@ -10,7 +10,9 @@ never the other way round.
 """
 
 from peat_jax.core._compile_cache import default_compilation_cache as default_compilation_cache
+from peat_jax.core._compile_cache import ensure_compilation_cache as ensure_compilation_cache
 from peat_jax.core._compile_cache import use_compilation_cache as use_compilation_cache
+from peat_jax.core._compile_count import count_compilations as count_compilations
 from peat_jax.core._errors import CheckpointError as CheckpointError
 from peat_jax.core._errors import PeatError as PeatError
 from peat_jax.core._formats import DTYPE_CODE as DTYPE_CODE

@@ -50,6 +50,39 @@ def default_compilation_cache() -> str:
   return os.path.join(base, "peat_jax", "xla")
 
 
+#: Whether this process chose its cache (use_compilation_cache called):
+#: ensure_compilation_cache then leaves the choice alone, "off" included.
+_CHOSEN: list[bool] = [False]
+
+
+def ensure_compilation_cache() -> str | None:
+  """The cache a library call compiles into: the one this process chose
+  (:func:`use_compilation_cache`, or JAX's own ``jax_compilation_cache_dir``),
+  else the tools' default (:func:`default_compilation_cache`), so that
+  ``peat.playback``, ``peat.runtime`` and ``peat.fuzz`` called from a
+  user's own script, a second call in one process and its isolated
+  workers load what was compiled before instead of compiling it again.
+  ``$PEAT_JAX_COMPILATION_CACHE=""`` (or ``use_compilation_cache(None)``)
+  keeps every call off the disk.
+
+  Returns:
+    The directory in use, or None (no cache).
+
+  Raises:
+    PeatError: the default directory exists and is not a directory, or
+      cannot be created or written (set ``$PEAT_JAX_COMPILATION_CACHE``
+      to a writable directory, or to "" for none).
+  """
+  current = jax.config.jax_compilation_cache_dir
+  if current or _CHOSEN[0]:
+    return current or None
+  default = default_compilation_cache()
+  if not default:
+    _CHOSEN[0] = True
+    return None
+  return use_compilation_cache(default)
+
+
 def use_compilation_cache(path: str | os.PathLike | None) -> str | None:
   """Keeps this process's compiled executables in ``path`` and loads them
   from there; ``None`` or ``""`` turns the cache off.
@@ -69,6 +102,7 @@ def use_compilation_cache(path: str | os.PathLike | None) -> str | None:
     PeatError: ``path`` exists and is not a directory, or cannot be
       created or written.
   """
+  _CHOSEN[0] = True
   if path is None or str(path) == "":
     _jax_cache.reset_cache()
     jax.config.update("jax_compilation_cache_dir", None)

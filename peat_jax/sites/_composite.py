@@ -140,9 +140,65 @@ def lookup(name: str):
   return m.group("kind"), m.group("bwd") is not None, call
 
 
+#: Tokens of the registered calls, by what identifies them apart from
+#: their static leaves (kind, function, structure, slots, calling rule).
+_tokens: dict[tuple, list[int]] = {}
+#: Static leaves compared by value (by type and repr: -0.0 is not 0.0);
+#: any other static leaf is the same only if it is the same object.
+_VALUE_TYPES = (bool, int, float, complex, str, bytes, type(None), np.dtype)
+
+
+def _same_leaves(a: tuple, b: tuple) -> bool:
+  """Whether two calls' static leaves are the same values."""
+  return len(a) == len(b) and all(
+      x is y or (type(x) is type(y) and isinstance(x, _VALUE_TYPES)
+                 and repr(x) == repr(y))
+      for x, y in zip(a, b))
+
+
+def _outer_trace():
+  """The outermost jaxpr trace below the current trace, or None outside
+  jit (JAX's trace stack: linearize and jaxpr traces name their parent)."""
+  from jax._src import core as jcore  # pylint: disable=g-import-not-at-top
+  from jax._src.interpreters import partial_eval as pe  # pylint: disable=g-import-not-at-top
+  t, outer = jcore.trace_ctx.trace, None
+  while t is not None:  # through linearize, batching and jaxpr traces
+    if isinstance(t, pe.DynamicJaxprTrace):
+      outer = t
+    t = getattr(t, "parent_trace", None)
+  return outer
+
+
+def _occurrence(key: tuple) -> int | None:
+  """How many identical calls this thread's current outermost trace has
+  registered before this one (None outside jit)."""
+  outer = _outer_trace()
+  if outer is None:
+    return None
+  if getattr(_local, "outer", None) is not outer:
+    _local.outer, _local.seen = outer, {}  # a new trace: count afresh
+  n = _local.seen.get(key, 0)
+  _local.seen[key] = n + 1
+  return n
+
+
 def _register(call: CompositeCall) -> int:
+  """The call's token. Under jit, the n-th call of a trace that is
+  identical to the n-th identical call of an earlier trace gets that
+  call's token: the same step traced again names its composites alike,
+  so its program (and the persistent cache's key of it) is the same,
+  while distinct calls of one trace (a model's four layer norms) keep
+  distinct tokens."""
+  key = (call.kind, id(call.fn), call.treedef, call.is_array, call.is_float,
+         id(call.call_kut))
   with _lock:
-    _registry.append(call)
+    n = _occurrence(key)
+    same = [t for t in _tokens.get(key, ())
+            if _same_leaves(_registry[t].leaves, call.leaves)]
+    if n is not None and n < len(same):
+      return same[n]
+    _registry.append(call)  # holds fn and call_kut: their ids stay theirs
+    _tokens.setdefault(key, []).append(len(_registry) - 1)
     return len(_registry) - 1
 
 

@@ -146,3 +146,23 @@ def test_a_tool_warns_and_runs_without_an_unusable_default(
   err = capsys.readouterr().err
   assert "warning: no compilation cache:" in err and str(afile) in err
   assert jax.config.jax_compilation_cache_dir is None
+
+
+@pytest.mark.parametrize("env,chosen,expected", [
+    ("{tmp}/lib", None, "{tmp}/lib"),  # a library call: the default
+    ("", None, "None"),                 # $PEAT_JAX_COMPILATION_CACHE="": off
+    ("{tmp}/lib", "{tmp}/own", "{tmp}/own"),  # the process's own choice
+    ("{tmp}/lib", "", "None"),          # chosen off: stays off
+])
+def test_library_calls_use_the_default_cache_unless_told(tmp_path, env,
+                                                         chosen, expected):
+  code = ("from peat_jax import core\n"
+          + (f"core.use_compilation_cache({chosen.format(tmp=tmp_path)!r})\n"
+             if chosen is not None else "")
+          + "print(core.ensure_compilation_cache())")
+  child = subprocess.run(
+      [sys.executable, "-c", code], capture_output=True, text=True,
+      check=True, timeout=300,
+      env={**os.environ, "PEAT_JAX_COMPILATION_CACHE": env.format(
+          tmp=tmp_path)})
+  assert child.stdout.split() == [expected.format(tmp=tmp_path)]

@@ -35,6 +35,7 @@ from peat_jax.profiler import golden as _golden
 from peat_jax.profiler import isolation as _isolation
 from peat_jax.profiler.campaigns import _provenance
 from peat_jax import report as _report
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 # Re-exported: the campaign layers, reachable from one module.
 from peat_jax.profiler.playback_fi import playback
@@ -392,6 +393,7 @@ def validate(task: TrainTask | TaskFactory,
       kernel, a composite kind without variants) after the training
       report is written, with its verdict and path.
   """
+  _core.ensure_compilation_cache()  # compile once, reuse after
   say = progress or (lambda s: None)
   directory = os.path.abspath(os.fspath(campaign_dir))
   factory = task if isinstance(task, TaskFactory) else None

@@ -42,6 +42,7 @@ from peat_jax import detector as _detector
 from peat_jax.profiler.capture import _capture
 from peat_jax.profiler.capture import _capture_io as io
 from peat_jax import sites as _sites
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import playback_fi as _playback_fi
@@ -245,6 +246,7 @@ def playback_ops(source: str | os.PathLike, kut_spec: "str | _kut.KutSpec | _kut
     PeatError: no captures, no matching record, a corrupt capture file
       (naming it), an unknown spec, a KUT output of another shape or dtype.
   """
+  _core.ensure_compilation_cache()  # compile once, reuse after
   say = progress or (lambda s: None)
   cdir = captures_dir_of(source)
   campaign_dir = os.path.abspath(os.fspath(campaign_dir or

@@ -44,6 +44,7 @@ import numpy as np
 
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import files as _files
@@ -355,6 +356,7 @@ def fuzz(source: str | os.PathLike, kut_spec, *,
       unknown family, a bad budget, a task the captures do not come from,
       a composite kind with neither a task nor a standard golden.
   """
+  _core.ensure_compilation_cache()  # compile once, reuse after
   t0 = time.perf_counter()
   say = progress or (lambda s: None)
   for name, b in (("budget_cases", budget_cases),

@@ -22,5 +22,6 @@ from peat_jax.profiler.golden._golden import abstract_state as abstract_state
 from peat_jax.profiler.golden._golden import golden_train as golden_train
 from peat_jax.profiler.golden._golden import read_log as read_log
 from peat_jax.profiler.golden._golden import restore_state as restore_state
+from peat_jax.profiler.golden._golden import committed as committed
 from peat_jax.profiler.golden._nnx_task import nnx_step_fn as nnx_step_fn
 from peat_jax.profiler.golden._nnx_task import nnx_task as nnx_task

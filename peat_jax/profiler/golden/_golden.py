@@ -25,6 +25,7 @@ import numpy as np
 
 from peat_jax.profiler import files as _files
 from peat_jax.profiler.golden import _checkpoint
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.profiler.golden._train_state import TrainState, TrainTask
 
@@ -153,6 +154,21 @@ def abstract_state(task: TrainTask) -> TrainState:
   return jax.eval_shape(lambda: task.init_state(0))
 
 
+def committed(state):
+  """``state`` with its arrays committed to the default device, as a
+  restored checkpoint's are: a freshly initialised state's arrays are not,
+  and the two lower to programs that differ in their sharding annotations
+  only, so the golden run's step and the replayed or runtime steps would
+  be compiled twice (and miss each other in the persistent cache). Arrays
+  already committed (a sharded state) are left as they are."""
+  leaves = jax.tree.leaves(state)
+  if not leaves or any(not isinstance(x, jax.Array) or x.committed
+                       for x in leaves):
+    return state
+  return jax.device_put(state, jax.sharding.SingleDeviceSharding(
+      jax.devices()[0]))
+
+
 def restore_state(checkpoint_dir: str | os.PathLike, task: TrainTask,
                   step: int | None = None) -> TrainState:
   """Restores a TrainState of ``task`` from a golden run's checkpoints.
@@ -260,6 +276,7 @@ def golden_train(task: TrainTask, workdir: str | os.PathLike, *,
     PeatError: bad arguments, a workdir of another run, or a non-finite loss.
     CheckpointError: an unreadable checkpoint when resuming.
   """
+  _core.ensure_compilation_cache()  # compile once, reuse after
   steps = task.default_steps if steps is None else int(steps)
   every = (task.default_checkpoint_every if checkpoint_every is None
            else int(checkpoint_every))
@@ -292,7 +309,7 @@ def golden_train(task: TrainTask, workdir: str | os.PathLike, *,
       _truncate_log(log_path, resumed_from)
       say(f"resumed from step {resumed_from} of {ckpt_dir}")
     else:
-      state = task.init_state(seed)
+      state = committed(task.init_state(seed))
       if os.path.exists(log_path):
         os.remove(log_path)
     with open(run_path, "w") as f:

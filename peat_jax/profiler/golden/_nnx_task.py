@@ -140,11 +140,13 @@ def nnx_task(make_model: Callable[[Any], Any],
                     f"{type(evaluate).__name__}")
   graphdef, cls = _graphdef(make_model)
   step_fn = nnx_step_fn(graphdef, tx, loss_fn)
+  # The seed is an operand, not a constant: the golden run and the
+  # seed-to-seed spread's runs share one executable.
   init_params = jax.jit(lambda seed: nnx.to_pure_dict(nnx.state(
-      make_model(nnx.Rngs(seed)), nnx.Param)), static_argnums=0)
+      make_model(nnx.Rngs(jax.random.key(seed))), nnx.Param)))
 
   def init_state(seed: int) -> TrainState:
-    params = init_params(int(seed))
+    params = init_params(jnp.asarray(int(seed), jnp.int32))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                       opt_state=tx.init(params),
                       rng=jax.random.PRNGKey(int(seed) + 1),

@@ -39,6 +39,7 @@ from peat_jax import detector as _detector
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler import golden as _golden
 from peat_jax.profiler.golden import saved_steps
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.profiler.files import (
     PLAYBACK_FILE, append_records, of_campaign, read_records,
@@ -307,6 +308,7 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
     CheckpointError: a checkpoint that cannot be restored (raised when its
       turn comes; the steps before it are recorded).
   """
+  _core.ensure_compilation_cache()  # compile once, reuse after
   kut = _kut.checked(kut_spec, backward)
   return playback_many(task, golden_dir, [kut],
                        campaign_dir=campaign_dir, steps=steps, select=select,
@@ -349,6 +351,7 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
     PeatError: as :func:`playback`; no spec or a repeated spec.
     CheckpointError: as :func:`playback`.
   """
+  _core.ensure_compilation_cache()  # compile once, reuse after
   parsed = check_specs(kut_specs, backward)
   specs = [k.name for k in parsed]  # records and results are keyed by them
   if not isinstance(prefetch, int) or prefetch < 0:

@@ -25,6 +25,7 @@ from peat_jax.profiler import golden as _golden
 from peat_jax.profiler.runtime_fi import _significance
 from peat_jax.profiler.runtime_fi import _weights
 from peat_jax import sites as _sites
+from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler.golden import saved_steps
@@ -302,6 +303,7 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
     PeatError: unknown spec or frequency, a bad ``backward``, a backward
       site the KUT's VJP cannot run at.
   """
+  _core.ensure_compilation_cache()  # compile once, reuse after
   kut = _kut.checked(kut_spec, backward)
   kut_spec = kut.name  # the records' key
   say = progress or (lambda s: None)
@@ -337,6 +339,7 @@ def runtime(task: TrainTask, golden_dir: str | os.PathLike,
 
   return run_frequencies(
       scheds, byname=byname, keep=keep, golden_step=task.train_step,
-      fresh_state=task.init_state, state0=state0, batch_at=task.batch_at,
+      fresh_state=lambda seed: _golden.committed(task.init_state(seed)),
+      state0=state0, batch_at=task.batch_at,
       steps=steps, start_step=start_step, seeds=seeds, kut_step=kut_step,
       say=say, weights=weights)
