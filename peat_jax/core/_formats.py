@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -139,14 +140,7 @@ def is_floating(dtype) -> bool:
   """Whether ``dtype`` is a floating-point type, the ``ml_dtypes`` ones
   (bfloat16, the fp8 formats) included: NumPy gives those kind ``"V"``, so
   ``dtype.kind == "f"`` misses them."""
-  dtype = np.dtype(dtype)
-  if dtype.kind == "f":
-    return True
-  try:
-    ml_dtypes.finfo(dtype)
-  except (ValueError, TypeError):
-    return False
-  return True
+  return bool(jnp.issubdtype(np.dtype(dtype), jnp.floating))
 
 
 def format_of_code(code: int) -> Format:

@@ -270,6 +270,15 @@ def bit_equal(a, b) -> bool:
                       lax.bitcast_convert_type(b, _uint(b.dtype))))
 
 
+def cast_inputs(inputs, dtype) -> tuple:
+  """A case's inputs as device arrays, the floating-point ones cast to
+  ``dtype`` (integer inputs, e.g. labels, kept)."""
+  dt = jnp.dtype(dtype)
+  return tuple(jnp.asarray(x).astype(dt)
+               if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+               else jnp.asarray(x) for x in inputs)
+
+
 def run_calibration(cases: Sequence[CalibrationCase], *,
                     dtypes: Sequence[str] = ("float32",), seeds: Sequence[int] = (0,),
                     native: bool = True, compute: bool = True,
@@ -306,10 +315,7 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
     _core.release_compiled()  # thousands of shapes in one process
     context = {"kernel": case.kernel, "reduction": case.reduction}
     for dtype in dtypes:
-      dt = jnp.dtype(dtype)
-      inputs = tuple(jnp.asarray(x).astype(dt)
-                     if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
-                     else jnp.asarray(x) for x in case.inputs)
+      inputs = cast_inputs(case.inputs, dtype)
       g = jax.jit(case.golden_fn)(*inputs)
       r = reference_of(case, inputs)
       probe = probe_of(case, inputs)
@@ -323,7 +329,7 @@ def run_calibration(cases: Sequence[CalibrationCase], *,
           if bit_equal(t, g):
             expected = "exact"  # the fault hit values it does not change
           add(case, dtype, "inject", f"{name} {params}", expected,
-              diagnose(t, g, r, context, dtype=dt, probe=probe))
+              diagnose(t, g, r, context, dtype=jnp.dtype(dtype), probe=probe))
       if dtype != "float32":
         continue
       if compute and case.kernel in ("matmul", "conv"):

@@ -233,9 +233,7 @@ def run_composed_calibration(cases: Sequence[_cal.CalibrationCase], *,
     context = {"kernel": case.kernel, "reduction": case.reduction}
     for dtype in dtypes:
       dt = jnp.dtype(dtype)
-      inputs = tuple(jnp.asarray(x).astype(dt)
-                     if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
-                     else jnp.asarray(x) for x in case.inputs)
+      inputs = _cal.cast_inputs(case.inputs, dt)
       try:
         g = jax.jit(case.golden_fn)(*inputs)
       except Exception as e:  # pylint: disable=broad-except

@@ -388,8 +388,13 @@ def outliers_within_long_sum(f: Facts) -> bool:
   """Whether a long reduction's outliers (outputs whose terms cancel) are
   no further from golden, at the output's scale, than the working-sum
   level: another order's error, no fault confined to them."""
+  return _outliers_within(f, long_sum_bound(f))
+
+
+def _outliers_within(f: Facts, bound: float) -> bool:
+  """Whether there are outliers, all finite and nonzero, none further
+  from golden than ``bound`` x the golden RMS (a positive bound)."""
   s = f.sig
-  bound = long_sum_bound(f)
   return bool(f.n_out and bound > 0 and not _i(s.n_nonfinite_new)
               and not _i(s.n_out_zero)
               and _f(s.out_abs_max) <= bound * f.golden_rms)
@@ -409,12 +414,9 @@ def outliers_within_narrow_sum(f: Facts) -> bool:
   """Whether the outliers of a reduction kept in a narrow format are no
   further from golden than such an accumulator reaches (accumulation_tail
   K u(fmt) x the golden RMS): a narrow sum's tail, not a fault's values."""
-  fmt, s = accumulator_format(f), f.sig
-  if fmt is None or not f.n_out or _i(s.n_nonfinite_new) or _i(
-      s.n_out_zero):
-    return False
-  bound = f.cfg.accumulation_tail * f.ctx.reduction * UNIT_ROUNDOFF[fmt]
-  return bool(_f(s.out_abs_max) <= bound * f.golden_rms)
+  fmt = accumulator_format(f)
+  return fmt is not None and _outliers_within(
+      f, f.cfg.accumulation_tail * f.ctx.reduction * UNIT_ROUNDOFF[fmt])
 
 
 def narrowest(f: Facts) -> str | None:
