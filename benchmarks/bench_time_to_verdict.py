@@ -18,6 +18,10 @@ Per scenario, one fresh process after the other, nothing else running:
 * ``validate warm``: ``peat-validate`` again with the second cache, now warm
   (isolated, the default).
 
+The bytes a stored golden step adds per checkpoint come from the cold
+campaign's ``golden/golden_step/``, and whether playback read it (a float32
+step) or replayed the golden step (a bf16 step) from its effect records.
+
 Each validate runs the golden run, playback at every checkpoint, runtime FI
 at every call and the verdict; the first and a later playback checkpoint
 come from validate's own log (the isolate=off run), the golden step from
@@ -108,6 +112,7 @@ def scenario(name: str, root: str) -> dict:
   warm_s, _ = _run(validate + [f"--campaign_dir={d('warm')}",
                                f"--compilation_cache={d('cache')}"])
   ckpts = [(int(s), float(t)) for s, t in _CKPT.findall(log)]
+  stored = _stored_bytes(d("cold", "golden", "golden_step"))
   return {
       "scenario": name, "kut": kut, "golden_cold_s": golden_s,
       "golden_step_ms": step_ms, "validate_cold_s": cold_s,
@@ -115,15 +120,36 @@ def scenario(name: str, root: str) -> dict:
       "compilations": compilations(log),
       "first_checkpoint_s": ckpts[0][1] if ckpts else None,
       "later_checkpoint_s": ckpts[-1][1] if len(ckpts) > 1 else None,
+      "golden_step_bytes": stored,
+      "golden_step_read": _read_stored(d("off", "playback.msgpack")),
   }
+
+
+def _stored_bytes(folder: str) -> int | None:
+  """Bytes of one checkpoint's stored golden step (the largest), or None
+  (nothing stored: a campaign of a commit without the store)."""
+  if not os.path.isdir(folder):
+    return None
+  sizes = [os.path.getsize(os.path.join(folder, f))
+           for f in os.listdir(folder) if f.endswith(".npz")]
+  return max(sizes) if sizes else None
+
+
+def _read_stored(path: str) -> bool:
+  """Whether playback read the stored golden step (a float32 step) rather
+  than replay it (a bf16 step, or a commit without the store)."""
+  from peat_jax.profiler import read_records  # pylint: disable=g-import-not-at-top
+  return any(r.get("golden_step") == "stored" for r in read_records(path)
+             if r.get("kind") == "effect")
 
 
 def table(rows: list[dict]) -> str:
   """The Markdown table: seconds and ratios against golden cold."""
   lines = ["| scenario (KUT) | golden cold | validate cold | validate cold, "
            "isolate=off | compilations (s) | validate warm | first / later "
-           "checkpoint | later checkpoint / golden step |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "checkpoint | later checkpoint / golden step | golden step "
+           "stored per checkpoint |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
   for r in rows:
     g = r["golden_cold_s"]
     x = lambda s: f"{s:.1f} s ({s / g:.2f}x)"
@@ -135,8 +161,17 @@ def table(rows: list[dict]) -> str:
     lines.append(
         f"| {r['scenario']} ({r['kut']}) | {g:.1f} s | {x(r['validate_cold_s'])}"
         f" | {x(r['validate_cold_isolate_off_s'])} | {c['count']} "
-        f"({c['seconds']:.1f} s) | {x(r['validate_warm_s'])} | {ck} | {per} |")
+        f"({c['seconds']:.1f} s) | {x(r['validate_warm_s'])} | {ck} | {per} "
+        f"| {_stored_cell(r)} |")
   return "\n".join(lines)
+
+
+def _stored_cell(r: dict) -> str:
+  b = r.get("golden_step_bytes")
+  if b is None:
+    return "none (replayed)"
+  how = "read" if r.get("golden_step_read") else "replayed (bf16 step)"
+  return f"{b / 2**20:.2f} MiB, {how}"
 
 
 def main(argv: list[str]) -> int:

@@ -498,6 +498,24 @@ def define_invariance_flag(flag_values: flags.FlagValues):
       "site and checkpoint; docs/detector.md).", flag_values=flag_values)
 
 
+def define_store_golden_step_flag(flag_values: flags.FlagValues):
+  """Defines --store_golden_step=on|off in a tool that runs golden training.
+
+  Args:
+    flag_values: the tool's own ``FlagValues``.
+
+  Returns:
+    The flag's holder (``.value`` is ``"on"`` or ``"off"``).
+  """
+  return flags.DEFINE_enum(
+      "store_golden_step", "on", ["on", "off"],
+      "on: the golden run keeps the parameters after each checkpoint's next "
+      "step (one parameter set per checkpoint, golden/golden_step/), so "
+      "playback runs the KUT's step alone, the golden kernel tapped beside "
+      "it. off: playback replays the golden step beside the KUT's.",
+      flag_values=flag_values)
+
+
 def parse_fuzz_budget(text: str | None) -> dict:
   """Parses ``--fuzz_budget``: a count of variants or a time in seconds.
 

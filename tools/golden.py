@@ -46,6 +46,7 @@ _INIT_FROM = flags.DEFINE_string(
     "scenario to start from (default: run it in "
     "<campaign_dir>/task/pretrain).", flag_values=FLAGS)
 _TASK = _cli.define_task_flags(FLAGS)
+_STORE_GOLDEN_STEP = _cli.define_store_golden_step_flag(FLAGS)
 _cli.define_renamed_flags(
     FLAGS, workdir=("campaign_dir", "the golden run goes to "
                     "<campaign_dir>/golden"))
@@ -69,7 +70,8 @@ def main(argv: list[str]) -> int:
     result = peat.golden_train(
         task, os.path.join(directory, peat.profiler.GOLDEN_DIR),
         steps=_STEPS.value, checkpoint_every=_CHECKPOINT_EVERY.value,
-        seed=_TASK.seed.value, resume=_RESUME.value, progress=print)
+        seed=_TASK.seed.value, resume=_RESUME.value, progress=print,
+        store_golden_step=_STORE_GOLDEN_STEP.value == "on")
   except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -78,6 +80,11 @@ def main(argv: list[str]) -> int:
         "ms/step)")
   print(f"checkpoints (steps {result.steps}): {result.checkpoint_dir}")
   print(f"per-step log: {result.log_path}")
+  stored = peat.profiler.golden.GoldenSteps(result.workdir).nbytes()
+  if stored:
+    print(f"golden steps (steps {sorted(stored)}): "
+          f"{max(stored.values()) / 2**20:.2f} MiB per checkpoint in "
+          f"{peat.profiler.golden.golden_step_dir(result.workdir)}")
   print(f"output: {result.workdir}")
   print(f"campaign: {directory}")
   return 0

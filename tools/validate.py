@@ -89,6 +89,7 @@ _STARTUP_S = flags.DEFINE_float(
     "tracing, compilation).", flag_values=FLAGS)
 _BACKWARD = _cli.define_backward_flag(FLAGS)
 _INVARIANCE = _cli.define_invariance_flag(FLAGS)
+_STORE_GOLDEN_STEP = _cli.define_store_golden_step_flag(FLAGS)
 _FUZZ = _cli.define_fuzz_flags(FLAGS)
 _MEMORY_LIMIT_MB = flags.DEFINE_integer(
     "memory_limit_mb", peat.profiler.MEMORY_LIMIT_MB,
@@ -137,7 +138,8 @@ def main(argv: list[str]) -> int:
         isolate={"auto": None, "on": True, "off": False}[_ISOLATE.value],
         timeout_s=_TIMEOUT_S.value, startup_s=_STARTUP_S.value,
         memory_limit_mb=_MEMORY_LIMIT_MB.value or None, progress=print,
-        backward=_BACKWARD.value, invariance=_INVARIANCE.value, fuzz=fuzz)
+        backward=_BACKWARD.value, invariance=_INVARIANCE.value, fuzz=fuzz,
+        store_golden_step=_STORE_GOLDEN_STEP.value == "on")
   except peat.PeatError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -9,6 +9,7 @@ a verdict covers: KUT hash, platform, versions, sites) and ``_results``
 """
 
 from peat_jax.profiler.campaigns._campaign import CampaignPaths as CampaignPaths
+from peat_jax.profiler.campaigns._campaign import side_by_side as side_by_side
 from peat_jax.profiler.campaigns._campaign import validate as validate
 from peat_jax.profiler.campaigns._campaign_report import CampaignFiles as CampaignFiles
 from peat_jax.profiler.campaigns._campaign_report import SOURCES as SOURCES

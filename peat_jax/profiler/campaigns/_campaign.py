@@ -19,6 +19,7 @@ the campaign (docs/reliability.md).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import numbers
@@ -26,6 +27,7 @@ import os
 import time
 from typing import Callable, NamedTuple, Sequence
 
+import jax
 
 from peat_jax.profiler.campaigns import _campaign_report
 from peat_jax.profiler import capture as _capture
@@ -303,7 +305,8 @@ def validate(task: TrainTask | TaskFactory,
              progress: Callable[[str], None] | None = print,
              backward: str = "golden",
              invariance: bool = False,
-             fuzz: "bool | dict | None" = None) -> CampaignPaths:
+             fuzz: "bool | dict | None" = None,
+             store_golden_step: bool = True) -> CampaignPaths:
   """Runs a whole campaign: golden, playback, runtime FI, verdict, report.
 
   With ``fuzz``, also the shapes beyond training, after runtime FI and
@@ -377,6 +380,12 @@ def validate(task: TrainTask | TaskFactory,
       for the KUT and seed is skipped), and the fuzz verdict covers every
       fuzz record of the KUT there. Fuzzing runs the KUT in this process,
       forward sites only.
+    store_golden_step: the golden run keeps the parameters after each
+      checkpoint's next step (one parameter set per checkpoint), and
+      playback runs the KUT's step alone, the golden kernel tapped beside
+      the KUT on that step's own inputs (``backward="golden"``); False:
+      playback replays the golden step beside the KUT's at every
+      checkpoint (docs/campaign.md).
 
   Returns:
     :class:`CampaignPaths`.
@@ -434,7 +443,8 @@ def validate(task: TrainTask | TaskFactory,
         f"{checkpoint_every} -> {directory}/golden")
     g = _golden.golden_train(task, os.path.join(directory, _files.GOLDEN_DIR),
                              steps=steps, checkpoint_every=checkpoint_every,
-                             seed=seed, resume=True, evaluate=False)
+                             seed=seed, resume=True, evaluate=False,
+                             store_golden_step=store_golden_step)
     _provenance.record(task, g.checkpoint_dir, kut, select, directory)
     iso = (f" (isolated: worker processes, {timeout_s:g} s per unit, "
            f"{memory_limit_mb} MiB)" if isolated else "")
@@ -442,26 +452,30 @@ def validate(task: TrainTask | TaskFactory,
                   memory_limit_mb=memory_limit_mb)
     bwd = (" with its VJP at the backward sites" if backward == "kut"
            else "")
-    say(f"[2/{n}] playback FI of {kut_spec}{bwd} at {len(g.steps) - 1} "
-        f"checkpoints{iso}")
+    plan = _Phases(
+        playback=(f"[2/{n}] playback FI of {kut_spec}{bwd} at "
+                  f"{len(g.steps) - 1} checkpoints{iso}"),
+        runtime=(f"[3/{n}] runtime FI{bwd}: {', '.join(frequencies)}, "
+                 f"{runtime_steps} steps{iso}") if frequencies else None)
     if isolated:
-      _isolation.isolated_playback(factory, g.workdir, kut,
-                                   campaign_dir=directory, select=select,
-                                   progress=say, invariance=invariance,
-                                   **limits)
+      common = dict(campaign_dir=directory, select=select, progress=say,
+                    **limits)
+      _isolated_phases(
+          plan, say,
+          lambda: _isolation.isolated_playback(
+              factory, g.workdir, kut, invariance=invariance,
+              replay_golden_step=not store_golden_step, **common),
+          lambda: _isolation.isolated_runtime(
+              factory, g.workdir, kut, frequencies=frequencies,
+              steps=runtime_steps, **common))
     else:
+      say(plan.playback)
       playback(task, g.workdir, kut, campaign_dir=directory,
                select=select, progress=say, backward=backward,
-               invariance=invariance)
-    if frequencies:
-      say(f"[3/{n}] runtime FI{bwd}: {', '.join(frequencies)}, "
-          f"{runtime_steps} steps{iso}")
-      if isolated:
-        _isolation.isolated_runtime(
-            factory, g.workdir, kut, frequencies=frequencies,
-            steps=runtime_steps, campaign_dir=directory, select=select,
-            progress=say, **limits)
-      else:
+               invariance=invariance,
+               replay_golden_step=not store_golden_step)
+      if frequencies:
+        say(plan.runtime)
         runtime(task, g.workdir, kut, frequencies=frequencies,
                 steps=runtime_steps, campaign_dir=directory,
                 select=select, progress=say, backward=backward)
@@ -489,6 +503,56 @@ def validate(task: TrainTask | TaskFactory,
         f"verdict is {paths.verdict} (report: {paths.html}); running again "
         "resumes the campaign and skips what is done.") from failed
   return paths
+
+
+class _Phases(NamedTuple):
+  """The headers of a campaign's playback and runtime FI stages (None: the
+  stage does not run)."""
+
+  playback: str
+  runtime: str | None
+
+
+def side_by_side() -> bool:
+  """Whether a campaign's isolated playback and runtime FI workers run at
+  the same time: on CPU with two cores or more, where each worker's
+  compilation (mostly one thread) takes a core the other leaves idle. On
+  an accelerator they run one after the other, as two processes would
+  each claim most of the device's memory."""
+  return (jax.default_backend() == "cpu"
+          and len(os.sched_getaffinity(0)) >= 2)
+
+
+def _isolated_phases(plan: _Phases, say: Callable[[str], None],
+                     play: Callable[[], object],
+                     run: Callable[[], object]) -> None:
+  """Isolated playback and runtime FI, side by side where
+  :func:`side_by_side` allows. The two write different record files (and
+  append findings under ``files``' lock); each one's records are kept
+  when the other fails, whose error is raised after both ended.
+
+  Raises:
+    PeatError: either stage's error (playback's first).
+  """
+  say(plan.playback)
+  if plan.runtime is None:
+    play()
+    return
+  if not side_by_side():
+    play()
+    say(plan.runtime)
+    run()
+    return
+  say(plan.runtime + " (side by side with playback)")
+  with concurrent.futures.ThreadPoolExecutor(
+      1, thread_name_prefix="peat-runtime") as pool:
+    pending = pool.submit(run)
+    try:
+      play()
+    finally:
+      err = pending.exception()  # waits: runtime's records are kept
+    if err is not None:
+      raise err
 
 
 def _finish(directory: str, kut_spec: str, backward: str,

@@ -24,13 +24,10 @@ JSON by :func:`encode_params` and rebuilt by :func:`decode_params`.
 from __future__ import annotations
 
 import enum
-import hashlib
 import importlib
-import io
 import json
 import math
 import os
-import zipfile
 from typing import Any, Mapping
 
 import jax
@@ -75,16 +72,9 @@ def planned_bytes(shapes_dtypes: Mapping[str, tuple[tuple, Any]]) -> int:
 # ---------------------------------------------------------------- arrays
 
 
-def _storable(a: np.ndarray) -> np.ndarray:
-  """``a``, or its bits as unsigned ints when numpy cannot save its dtype."""
-  if a.dtype.type.__module__ == "numpy" and a.dtype.kind != "V":
-    return a
-  return a.view(np.dtype(f"u{a.dtype.itemsize}"))
-
-
-def sha256(a: np.ndarray) -> str:
-  """SHA-256 (hex) of an array's C-order bytes."""
-  return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+_storable = _files.storable
+sha256 = _files.sha256
+write_file = _files.write_file
 
 
 def record_bytes(arrays: Mapping[str, Any]) -> tuple[bytes, dict]:
@@ -96,23 +86,7 @@ def record_bytes(arrays: Mapping[str, Any]) -> tuple[bytes, dict]:
   Returns:
     ``(file bytes, {name: {"dtype", "shape", "sha256"}})``.
   """
-  host = {k: np.ascontiguousarray(np.asarray(v)) for k, v in arrays.items()}
-  meta = {k: {"dtype": str(v.dtype), "shape": list(v.shape),
-              "sha256": sha256(v)} for k, v in host.items()}
-  buf = io.BytesIO()
-  np.savez(buf, **{k: _storable(v) for k, v in host.items()})
-  return buf.getvalue(), meta
-
-
-def write_file(path: str, data: bytes) -> None:
-  """Writes ``data`` to ``path`` atomically (temporary file, fsync, rename)."""
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  return _files.arrays_bytes(arrays)
 
 
 def load_record(captures_dir: str, entry: Mapping[str, Any]
@@ -130,36 +104,14 @@ def load_record(captures_dir: str, entry: Mapping[str, Any]
     PeatError: missing, truncated or corrupt file, or an array whose dtype,
       shape or SHA-256 differs from the index; the message names the file.
   """
-  path = os.path.join(captures_dir, entry["file"])
-  fix = ("Fix: run the profile again (it recaptures missing records) or "
-         "delete the file and its index entry.")
-  if not os.path.exists(path):
-    raise PeatError(f"capture file {path} is missing; expected the record "
-                    f"of site {entry['site']!r} at step {entry['step']}. {fix}")
-  size = os.path.getsize(path)
-  if size != entry["bytes"]:
-    raise PeatError(f"capture file {path} has {size} bytes; expected "
-                    f"{entry['bytes']} (index.json): truncated or replaced. "
-                    f"{fix}")
-  out = {}
-  try:
-    with np.load(path, allow_pickle=False) as z:
-      for name, meta in entry["arrays"].items():
-        raw = z[name]
-        dtype = jnp.dtype(meta["dtype"])
-        a = raw if raw.dtype == dtype else raw.view(dtype)
-        if list(a.shape) != list(meta["shape"]):
-          raise PeatError(f"array {name!r} has shape {list(a.shape)}, "
-                          f"expected {meta['shape']}")
-        if sha256(a) != meta["sha256"]:
-          raise PeatError(f"array {name!r} has another SHA-256 than the "
-                          "index records")
-        out[name] = a
-  except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as e:
-    raise PeatError(f"capture file {path} is corrupt ({e}); expected the "
-                    f"arrays {sorted(entry['arrays'])} of site "
-                    f"{entry['site']!r} at step {entry['step']}. {fix}") from e
-  return out
+  return _files.load_arrays(
+      os.path.join(captures_dir, entry["file"]), entry["arrays"],
+      size=entry["bytes"],
+      label="capture file",
+      what=(f"the record of site {entry['site']!r} at step "
+            f"{entry['step']} (arrays {sorted(entry['arrays'])})"),
+      fix=("Fix: run the profile again (it recaptures missing records) or "
+           "delete the file and its index entry."))
 
 
 # ----------------------------------------------------------------- index

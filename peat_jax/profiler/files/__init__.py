@@ -4,7 +4,8 @@ The lowest layer of the Profiler: every other part reads and writes a
 campaign directory through it (docs/campaign.md). Private modules:
 ``_layout`` (every file and folder name of a campaign directory),
 ``_records`` (append-only, checksummed msgpack record files, their repair,
-the record form of a Signature) and ``_lock`` (one writer per directory).
+the record form of a Signature) and ``_lock`` (one writer per directory) and ``_arrays`` (``.npz`` files of
+arrays with their dtypes, shapes and SHA-256 checked on load).
 """
 
 from peat_jax.profiler.files._layout import CAPTURE_DIR as CAPTURE_DIR
@@ -13,6 +14,7 @@ from peat_jax.profiler.files._layout import CHECKPOINT_DIR as CHECKPOINT_DIR
 from peat_jax.profiler.files._layout import CRASH_FILE as CRASH_FILE
 from peat_jax.profiler.files._layout import EVAL_FILE as EVAL_FILE
 from peat_jax.profiler.files._layout import GOLDEN_DIR as GOLDEN_DIR
+from peat_jax.profiler.files._layout import GOLDEN_STEP_DIR as GOLDEN_STEP_DIR
 from peat_jax.profiler.files._layout import ISOLATE_TMP_DIR as ISOLATE_TMP_DIR
 from peat_jax.profiler.files._layout import LOCK_FILE as LOCK_FILE
 from peat_jax.profiler.files._layout import LOG_FILE as LOG_FILE
@@ -41,3 +43,8 @@ from peat_jax.profiler.files._records import rewrite_records as rewrite_records
 from peat_jax.profiler.files._records import signature_record as signature_record
 from peat_jax.profiler.files._records import tag_backward as tag_backward
 from peat_jax.profiler.files._lock import campaign_lock as campaign_lock
+from peat_jax.profiler.files._arrays import arrays_bytes as arrays_bytes
+from peat_jax.profiler.files._arrays import load_arrays as load_arrays
+from peat_jax.profiler.files._arrays import sha256 as sha256
+from peat_jax.profiler.files._arrays import storable as storable
+from peat_jax.profiler.files._arrays import write_file as write_file

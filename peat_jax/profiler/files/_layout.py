@@ -10,6 +10,9 @@ A campaign is one directory (docs/campaign.md)::
       run.json                    what was run (task, config, seed, budget)
       checkpoints/                Orbax CheckpointManager, one step every k
       log.msgpack                 per-step loss, gradient and update norms
+      golden_step/                the parameters after each checkpoint's
+                                  next step (<s>.npz, <s>.json): playback
+                                  runs the KUT's step only
       eval.json                   held-out metrics of the final state
   <campaign>/playback.msgpack     one record per (step, site) + one per step
   <campaign>/runtime.msgpack      one record per frequency + golden/spread
@@ -53,6 +56,7 @@ RUN_FILE = "run.json"
 CHECKPOINT_DIR = "checkpoints"
 LOG_FILE = "log.msgpack"
 EVAL_FILE = "eval.json"
+GOLDEN_STEP_DIR = "golden_step"
 
 
 
@@ -107,4 +111,4 @@ __all__ = ["checkpoint_dir_of", "campaign_dirs", "CampaignDirs", "REPORT_HTML", 
            "GOLDEN_DIR", "PLAYBACK_FILE", "RUNTIME_FILE", "RUNTIME_DP_FILE",
            "CRASH_FILE", "CAPTURE_DIR", "CAPTURE_INDEX_FILE", "OPS_FILE", "FUZZ_FILE", "REPRO_DIR",
            "SHARD_DIR", "ISOLATE_TMP_DIR", "MONITOR_FILE", "RUN_FILE",
-           "CHECKPOINT_DIR", "LOG_FILE", "EVAL_FILE"]
+           "CHECKPOINT_DIR", "LOG_FILE", "EVAL_FILE", "GOLDEN_STEP_DIR"]

@@ -29,6 +29,7 @@ import errno
 import os
 import shutil
 import struct
+import threading
 import zlib
 from typing import Any, Sequence
 
@@ -161,6 +162,10 @@ def _read_bytes(path: str) -> bytes:
 # Good end offset of files this process appended to, keyed by path: the
 # next append skips the scan for a torn tail when the file is unchanged.
 _KNOWN_END: dict[str, tuple[int, int, int]] = {}
+# One writer per file across threads too: a campaign's playback and runtime
+# drivers run side by side (``campaigns._campaign``) and may both append to
+# the findings file.
+_APPEND_LOCK = threading.Lock()
 
 
 def _stamp(st: os.stat_result) -> tuple[int, int, int]:
@@ -188,7 +193,11 @@ def append_records(path: str, records: Sequence[dict]) -> None:
     RecordFileError: the file is corrupt (nothing is appended), or the
       append failed (ENOSPC, ...); the file keeps its earlier records.
   """
-  path = os.fspath(path)
+  with _APPEND_LOCK:
+    _append_records(os.fspath(path), records)
+
+
+def _append_records(path: str, records: Sequence[dict]) -> None:
   data = b"".join(pack_record(r) for r in records)
   fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
   try:

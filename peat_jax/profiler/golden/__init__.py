@@ -6,7 +6,8 @@ every k steps. Private modules: ``_train_state`` (``TrainState``,
 checkpoint managers, fingerprints, ``saved_steps``), ``_checkpoint_local``
 (restores onto devices of one process of a multi-process run),
 ``_golden`` (``golden_train``, ``restore_state``, ``StateReader``, the
-per-step log) and ``_nnx_task`` (``nnx_task``: a TrainTask from an nnx
+per-step log), ``_golden_log`` (the per-step log), ``_golden_step`` (the step after
+each checkpoint, kept for playback) and ``_nnx_task`` (``nnx_task``: a TrainTask from an nnx
 model, an Optax transformation, a loss and ``batch_at``).
 """
 
@@ -23,5 +24,10 @@ from peat_jax.profiler.golden._golden import golden_train as golden_train
 from peat_jax.profiler.golden._golden import read_log as read_log
 from peat_jax.profiler.golden._golden import restore_state as restore_state
 from peat_jax.profiler.golden._golden import committed as committed
+from peat_jax.profiler.golden._golden_step import GoldenStep as GoldenStep
+from peat_jax.profiler.golden._golden_step import GoldenSteps as GoldenSteps
+from peat_jax.profiler.golden._golden_step import golden_step_dir as golden_step_dir
+from peat_jax.profiler.golden._golden_step import stored_golden_steps as stored_golden_steps
+from peat_jax.profiler.golden._golden_step import write_golden_step as write_golden_step
 from peat_jax.profiler.golden._nnx_task import nnx_step_fn as nnx_step_fn
 from peat_jax.profiler.golden._nnx_task import nnx_task as nnx_task

@@ -20,16 +20,17 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import jax
-import msgpack
 import numpy as np
 
 from peat_jax.profiler import files as _files
 from peat_jax.profiler.golden import _checkpoint
+from peat_jax.profiler.golden import _golden_step
+from peat_jax.profiler.golden._golden_log import (
+    LOG_FIELDS, _append_log, _truncate_log, read_log)
 from peat_jax import core as _core
 from peat_jax.core import PeatError
 from peat_jax.profiler.golden._train_state import TrainState, TrainTask
 
-LOG_FIELDS = ("step", "loss", "grad_norm", "update_norm")
 
 
 class GoldenResult(NamedTuple):
@@ -76,77 +77,6 @@ def _check_same_run(path: str, record: dict[str, Any]) -> None:
           f"{path} records a run with {key}={old.get(key)!r}, this call has "
           f"{key}={record[key]!r}; resuming would mix two runs. Use another "
           "workdir, or the same settings to resume")
-
-
-def _append_log(path: str, records: list[dict[str, float]]) -> None:
-  with open(path, "ab") as f:
-    for record in records:
-      f.write(msgpack.packb(record))
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def _read_records(path: str) -> list[dict[str, Any]]:
-  records = []
-  with open(path, "rb") as f:
-    unpacker = msgpack.Unpacker(f, raw=False)
-    try:
-      for record in unpacker:
-        records.append(record)
-    except (msgpack.ExtraData, msgpack.FormatError, ValueError) as e:
-      raise PeatError(f"log {path} is corrupt after record {len(records)}: "
-                      f"{e}; delete it and re-run golden training") from e
-  return records
-
-
-def _truncate_log(path: str, last_step: int) -> None:
-  """Keeps the records of steps <= ``last_step`` (atomic rewrite)."""
-  if not os.path.exists(path):
-    return
-  # A record torn by a kill is at the end: keep what decodes.
-  records = []
-  with open(path, "rb") as f:
-    unpacker = msgpack.Unpacker(f, raw=False)
-    try:
-      records.extend(unpacker)
-    except Exception:  # pylint: disable=broad-except
-      pass
-  kept = [r for r in records if isinstance(r, dict) and
-          r.get("step", math.inf) <= last_step]
-  tmp = path + ".tmp"
-  with open(tmp, "wb") as f:
-    for r in kept:
-      f.write(msgpack.packb(r))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-
-
-def read_log(path: str | os.PathLike) -> dict[str, np.ndarray]:
-  """Reads a golden run's per-step log.
-
-  Args:
-    path: ``<workdir>/log.msgpack`` or the workdir itself.
-
-  Returns:
-    ``{"step": int64[n], "loss": float32[n], "grad_norm": float32[n],
-    "update_norm": float32[n]}``, one entry per optimizer step; ``step`` is
-    the step count *after* the update.
-
-  Raises:
-    PeatError: missing or corrupt log.
-  """
-  path = os.fspath(path)
-  if os.path.isdir(path):
-    path = os.path.join(path, _files.LOG_FILE)
-  if not os.path.exists(path):
-    raise PeatError(f"no golden log at {path}; run golden training first")
-  records = _read_records(path)
-  out = {}
-  for field in LOG_FIELDS:
-    dtype = np.int64 if field == "step" else np.float32
-    out[field] = np.asarray([r[field] for r in records], dtype=dtype)
-  return out
 
 
 def abstract_state(task: TrainTask) -> TrainState:
@@ -250,6 +180,7 @@ def golden_train(task: TrainTask, workdir: str | os.PathLike, *,
                  resume: bool = True,
                  evaluate: bool = True,
                  progress: Callable[[str], None] | None = None,
+                 store_golden_step: bool = True,
                  ) -> GoldenResult:
   """Trains ``task`` with golden kernels, saving Orbax checkpoints.
 
@@ -268,6 +199,11 @@ def golden_train(task: TrainTask, workdir: str | os.PathLike, *,
       workdir that already holds checkpoints is an error.
     evaluate: compute held-out metrics of the final state.
     progress: called with one line of text per checkpoint (e.g. ``print``).
+    store_golden_step: keep the parameters after each checkpoint's next
+      step (``golden_step/``, one parameter set per checkpoint but the
+      last), so that playback runs the KUT's step alone
+      (:mod:`peat_jax.profiler.golden._golden_step`); False: playback
+      replays the golden step beside the KUT's.
 
   Returns:
     A :class:`GoldenResult`.
@@ -331,6 +267,8 @@ def golden_train(task: TrainTask, workdir: str | os.PathLike, *,
       if step > start + 1:
         jax.block_until_ready(metrics)
         step_times.append(time.perf_counter() - t0)
+      if store_golden_step and (step - 1 == start or (step - 1) % every == 0):
+        _golden_step.write_golden_step(workdir, step - 1, state.params)
       if step % every == 0 or step == steps:
         records = _to_records(pending, step)
         pending = []

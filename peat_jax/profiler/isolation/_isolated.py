@@ -100,7 +100,8 @@ def _register_builtin(kut_spec: str) -> None:
 
 def play_steps(factory: tuple, ckpt: str, kut: _kut.CheckedSpec, select: Any,
                steps: Sequence[int], invariance: bool = False,
-               records_path: str | None = None) -> Iterator[tuple]:
+               records_path: str | None = None,
+               replay_golden_step: bool = False) -> Iterator[tuple]:
   """Worker job: the records of each step, by a :class:`Player` that
   carries the port probes of the campaign's steps recorded in
   ``records_path`` (a worker started after a kill or a crash)."""
@@ -112,10 +113,11 @@ def play_steps(factory: tuple, ckpt: str, kut: _kut.CheckedSpec, select: Any,
       yield ("start", s)
       state = reader.restore(s)
       if player is None:
-        player = _playback_fi.Player(task, kut, state,
-                                     task.batch_at(int(state.data_position)),
-                                     select=select, backward=kut.backward,
-                                     invariance=invariance)
+        player = _playback_fi.Player(
+            task, kut, state, task.batch_at(int(state.data_position)),
+            select=select, backward=kut.backward, invariance=invariance,
+            golden_steps=None if replay_golden_step else
+            _golden.stored_golden_steps(ckpt, steps))
         if records_path is not None:
           player.resume_probes(_playback_fi.campaign_records(
               records_path, kut.name, kut.backward))
@@ -166,7 +168,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
                       startup_s: float = STARTUP_S,
                       memory_limit_mb: int | None = MEMORY_LIMIT_MB,
                       progress: Callable[[str], None] | None = None,
-                      invariance: bool = False
+                      invariance: bool = False,
+                      replay_golden_step: bool = False
                       ) -> _playback_fi.PlaybackResult:
   """Playback FI (as :func:`peat_jax.playback`) in worker processes.
 
@@ -191,6 +194,7 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
     memory_limit_mb: a worker's resident memory limit (None: none).
     progress: called with one line per step.
     invariance: as for :func:`peat_jax.playback`.
+    replay_golden_step: as for :func:`peat_jax.playback`.
 
   Returns:
     The :class:`peat_jax.PlaybackResult` of the steps that completed
@@ -218,7 +222,8 @@ def isolated_playback(factory: TaskFactory, golden_dir: str | os.PathLike,
     w = Worker(__name__, "play_steps",
                dict(factory=fac, ckpt=ckpt, kut=kut, select=select,
                     steps=list(todo), invariance=invariance,
-                    records_path=path), limits,
+                    records_path=path,
+                    replay_golden_step=replay_golden_step), limits,
                what="step")
     t0 = time.perf_counter()
     with contextlib.closing(w.events()) as events:

@@ -264,14 +264,19 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
              progress: Callable[[str], None] | None = None,
              prefetch: int = 1,
              backward: str = "golden",
-             invariance: bool = False) -> PlaybackResult:
+             invariance: bool = False,
+             replay_golden_step: bool = False) -> PlaybackResult:
   """Playback FI of a KUT at every saved checkpoint of a golden run.
 
   For each saved step s (all but the last, or ``steps``): restore, and let a
-  :class:`Player` run the step with the golden kernel and the KUT tapped at
-  every selected site and with the KUT substituted (jitted once).
-  Records are appended per checkpoint, so a killed playback resumes. The
-  records do not depend on ``prefetch``.
+  :class:`Player` run the step with the KUT substituted at every selected
+  site and the golden kernel tapped beside it on the same inputs (jitted
+  once). The golden step's loss and parameters come from the golden run
+  where it stored them (``golden_train(store_golden_step=True)``, the
+  default, and ``backward="golden"``); otherwise the golden step is
+  replayed beside the KUT's, the KUT tapped in it. Records are appended
+  per checkpoint, so a killed playback resumes. The records do not depend
+  on ``prefetch``.
 
   Args:
     task: the golden run's task.
@@ -297,6 +302,10 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
       get ``"invariance"`` facts and the diagnosis names ``stale``,
       ``input_mutation``, ``input_insensitive`` or ``batch_variance`` where
       they hold (docs/detector.md). Six more KUT calls per site and step.
+    replay_golden_step: replay the golden step at every checkpoint even
+      where the golden run stored it (the records of a campaign made
+      before golden steps were stored; effect records then lack
+      ``"golden_step": "stored"``).
 
   Returns:
     A :class:`PlaybackResult`.
@@ -313,7 +322,8 @@ def playback(task: TrainTask, golden_dir: str | os.PathLike,
   return playback_many(task, golden_dir, [kut],
                        campaign_dir=campaign_dir, steps=steps, select=select,
                        progress=progress, prefetch=prefetch,
-                       backward=backward, invariance=invariance)[kut.name]
+                       backward=backward, invariance=invariance,
+                       replay_golden_step=replay_golden_step)[kut.name]
 
 
 def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
@@ -325,7 +335,9 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
                   progress: Callable[[str], None] | None = None,
                   prefetch: int = 1,
                   backward: str = "golden",
-                  invariance: bool = False) -> dict[str, PlaybackResult]:
+                  invariance: bool = False,
+                  replay_golden_step: bool = False
+                  ) -> dict[str, PlaybackResult]:
   """Playback FI of several KUTs together, one restore per checkpoint.
 
   Each checkpoint is restored once and played by a :class:`PlayerGroup`:
@@ -341,7 +353,8 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
     golden_dir: the golden run's workdir (or its checkpoint directory).
     kut_specs: distinct specs of :func:`peat_jax.kernels.kut.resolve_kut`.
     campaign_dir, steps, select, progress, prefetch, backward,
-      invariance: as :func:`playback` (one setting for every KUT).
+      invariance, replay_golden_step: as :func:`playback` (one setting
+      for every KUT).
 
   Returns:
     KUT spec -> its :class:`PlaybackResult` (``seconds_per_step`` is the
@@ -378,7 +391,9 @@ def playback_many(task: TrainTask, golden_dir: str | os.PathLike,
         group = PlayerGroup(task, parsed, state,
                             task.batch_at(int(state.data_position)),
                             select=select, backward=backward,
-                            invariance=invariance)
+                            invariance=invariance,
+                            golden_steps=None if replay_golden_step else
+                            _golden.stored_golden_steps(ckpt, play))
         for k, player in group.players.items():
           player.resume_probes(campaign_records(path, k, backward))
       recs = group.play(s, state)

@@ -9,6 +9,7 @@ several KUTs in one call."""
 from __future__ import annotations
 
 import math
+import zlib
 from typing import NamedTuple, Sequence
 
 import jax
@@ -19,6 +20,7 @@ from peat_jax import sites as _sites
 from peat_jax.core import PeatError
 from peat_jax.profiler.files import tag_backward
 from peat_jax.profiler.playback_fi._timing import NO_LAPS, Laps
+from peat_jax.profiler import golden as _golden
 from peat_jax.profiler.golden import TrainTask
 from peat_jax.kernels import kut as _kut
 from peat_jax.profiler.playback_fi._site_records import (
@@ -140,29 +142,128 @@ def select_calls(task: TrainTask, state, batch,
   return chosen, table
 
 
+def computes_narrow(task: TrainTask, state, batch) -> bool:
+  """Whether the training step computes any value in a float format
+  narrower than float32 (bf16 mixed precision...).
+
+  XLA may keep such values of the golden run's step in float32
+  (``xla_allow_excess_precision``, on by default); a tapped step, whose
+  taps make the sites' narrow outputs outputs of the program, rounds
+  them, so its golden loss differs from the golden run's by that
+  rounding (a few bf16 units). Playback then replays the golden step
+  with the same taps as the KUT's (the two differ by the KUT alone),
+  rather than read the golden run's stored step. A float32 step's
+  tapped and untapped programs give the same bits.
+  """
+  closed = jax.make_jaxpr(task.step_fn)(state, batch)
+  return _narrow_in(closed.jaxpr)
+
+
+def _narrow_in(jaxpr) -> bool:
+  for eqn in jaxpr.eqns:
+    for v in eqn.outvars:
+      dtype = getattr(v.aval, "dtype", None)
+      if (dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+          and jnp.finfo(dtype).bits < 32):
+        return True
+    if any(_narrow_in(j) for j, _ in _sites.sub_jaxprs(eqn)):
+      return True
+  return False
+
+
+def _both_steps(task: TrainTask, taps: Sequence[_sites.Substitution],
+                kut: _sites.Substitution):
+  """The golden step with the KUT tapped at the sites, and the KUT's step
+  (the golden step replayed)."""
+  tapped = _sites.tap(task.step_fn, *taps)
+  kstep = _sites.substitute(task.step_fn, kut)
+
+  def both(state, batch):
+    (gstate, gm), tp = tapped(state, batch)
+    kstate, km = kstep(state, batch)
+    return tp, gstate.params, gm, kstate.params, km
+  return both
+
+
+def _kut_step(task: TrainTask, taps: Sequence[_sites.Substitution]):
+  """The KUT's step alone, the golden kernel tapped beside the KUT at the
+  sites on the step's own inputs (the golden step is stored)."""
+  tapped = _sites.tap(task.step_fn, *taps, continue_with="kut")
+
+  def kut_only(state, batch):
+    (kstate, km), tp = tapped(state, batch)
+    return tp, None, None, kstate.params, km
+  return kut_only
+
+
+def warm_up_tap(tap: _sites.Tap, name: str, device=None) -> _sites.Tap:
+  """Seeded stand-ins of a site's tap, for compiling what a benign KUT's
+  records run (:meth:`Player.compile`).
+
+  The inputs and the golden output are seeded random arrays of the tap's
+  shapes and dtypes, committed to ``device`` as the taps of a real step
+  are (uncommitted host arrays lower to other programs); the KUT's output
+  is the golden one, so the screen finds nothing to decompose or probe: a
+  faulty KUT's decomposition compiles at its first flagged record, a
+  benign KUT never pays for it.
+
+  Args:
+    tap: the tap's shapes and dtypes (``jax.eval_shape`` of the steps).
+    name: the site's name (seeds its arrays).
+    device: where the step's arrays live (default: the first device).
+
+  Returns:
+    A :class:`peat_jax.sites.Tap` of device arrays.
+  """
+  rng = np.random.default_rng(zlib.crc32(name.encode()))
+  sharding = jax.sharding.SingleDeviceSharding(device or jax.devices()[0])
+
+  def fake(a):
+    if jnp.issubdtype(a.dtype, jnp.floating):
+      x = rng.standard_normal(a.shape).astype(a.dtype)
+    else:
+      x = np.zeros(a.shape, a.dtype)
+    return jax.device_put(x, sharding)
+
+  golden = jax.tree.map(fake, tap.golden)
+  return tap._replace(inputs=jax.tree.map(fake, tap.inputs), golden=golden,
+                      kut=golden if tap.kut is not None else None)
+
+
 class Player:
   """Plays back one checkpoint at a time: the unit of playback FI.
 
   Built once per (task, KUT, selection) from a sample state and batch; it
-  compiles one jitted function that runs the step twice on the same state
-  and batch (golden kernel everywhere with the KUT tapped at every selected
-  site, and the KUT substituted at those sites) and returns only what the
-  records need: the taps, both steps' metrics and new parameters. It turns
-  one restored state into the records of its step. Campaign drivers
-  (sequential :func:`playback`, process isolation, sharding over devices or
-  hosts) call :meth:`play` on states they restore.
+  compiles one jitted function that returns only what the records need:
+  the taps, the steps' metrics and new parameters. With the golden run's
+  stored steps (``golden_steps``, :mod:`peat_jax.profiler.golden._golden_step`)
+  it runs the KUT's step alone, the KUT substituted at the selected sites
+  and the golden kernel tapped beside it on the same inputs, and reads the
+  golden step's loss and parameters from the store; without them it runs
+  the step twice on the same state and batch (golden kernel everywhere
+  with the KUT tapped at every selected site, and the KUT substituted at
+  those sites). It turns one restored state into the records of its step.
+  Campaign drivers (sequential :func:`playback`, process isolation,
+  sharding over devices or hosts) call :meth:`play` on states they
+  restore.
 
   Attributes:
     kut_spec: the KUT spec.
     calls: the selected sites (:class:`SiteCall`), execution order.
     site_names: their names, execution order.
+    golden_steps: the golden run's stored steps the Player reads, or None
+      (it replays the golden step).
+    played: the pure function of the played steps, ``(state, batch) ->
+      (taps, golden params or None, golden metrics or None, KUT params,
+      KUT metrics)`` (:class:`PlayerGroup` jits several together).
   """
 
   def __init__(self, task: TrainTask,
                kut_spec: "str | _kut.KutSpec | _kut.CheckedSpec", state,
                batch, *,
                select: str | Sequence[str] | None = None,
-               backward: str = "golden", invariance: bool = False):
+               backward: str = "golden", invariance: bool = False,
+               golden_steps: "_golden.GoldenSteps | None" = None):
     """Selects the sites and builds (does not yet compile) the steps.
 
     Args:
@@ -178,6 +279,11 @@ class Player:
       invariance: also probe the KUT at every forward site and composite
         backward site for stale outputs, mutated inputs, ignored inputs and
         batch variance (``peat_jax.profiler.playback_fi._invariance``; docs/detector.md).
+      golden_steps: the golden run's stored steps, covering every
+        checkpoint this Player plays (:func:`peat_jax.profiler.golden.stored_golden_steps`):
+        the KUT's step runs alone. Ignored (the golden step is replayed)
+        with ``backward="kut"`` and for a step that computes in a float
+        format narrower than float32 (:func:`computes_narrow`).
 
     Raises:
       PeatError: unknown spec, no selected site, a bad ``backward``, a
@@ -197,19 +303,18 @@ class Player:
     self._probe_cache = ProbeCache()
     self._invariance = (InvarianceChecks(self.calls, self._store)
                         if invariance else None)
-    tapped = _sites.tap(task.step_fn, *[self._tap_sub(c) for c in self.calls])
-    eff = [_sites.Substitution(
-        self.calls[0].sub.kut, sites=tuple(self.site_names),
-        backward=self.calls[0].sub.backward)]
-    kstep = _sites.substitute(task.step_fn, *eff)
-
-    def both(state, batch):
-      (gstate, gm), taps = tapped(state, batch)
-      kstate, km = kstep(state, batch)
-      return taps, gstate.params, gm, kstate.params, km
-
-    self.both = both  # pure; PlayerGroup jits several together
-    self._steps = jax.jit(both)
+    self.golden_steps = golden_steps
+    if golden_steps is not None and (
+        backward != "golden" or computes_narrow(task, state, batch)):
+      self.golden_steps = None
+    subs = [self._tap_sub(c) for c in self.calls]
+    if self.golden_steps is not None:
+      self.played = _kut_step(task, subs)
+    else:
+      self.played = _both_steps(task, subs, _sites.Substitution(
+          self.calls[0].sub.kut, sites=tuple(self.site_names),
+          backward=self.calls[0].sub.backward))
+    self._steps = jax.jit(self.played)
     self._compiled = None
     self._device_refs = None  # per call; built once the store is filled
 
@@ -249,14 +354,8 @@ class Player:
     batch = self.task.batch_at(int(state.data_position))
     self._compiled = self._steps.lower(state, batch).compile()
     taps = jax.eval_shape(self._steps, state, batch)[0]
-    rng = np.random.default_rng(0)
-
-    def fake(a):
-      if jnp.issubdtype(a.dtype, jnp.floating):
-        return rng.standard_normal(a.shape).astype(a.dtype)
-      return np.zeros(a.shape, a.dtype)
     site_records([(c.site, self._store[c.site.name],
-                   jax.tree.map(fake, taps[c.site.name]))
+                   warm_up_tap(taps[c.site.name], c.site.name))
                   for c in self.calls], self.kut_spec, 0, self._refs(),
                  backward=self.backward)
     update_rel_diff(state.params, state.params, state.params)
@@ -313,6 +412,14 @@ class Player:
       ``[site records in execution order..., effect record]``.
     """
     taps, gparams, gm, kparams, km = out
+    stored = None
+    if gm is None:  # the KUT's step alone: the golden one was stored
+      stored = self.golden_steps.read(step, state.params)
+      # On the device, as the restored state's: the update difference is
+      # then the program :meth:`compile` warmed.
+      gparams = jax.tree.map(lambda h, x: jax.device_put(h, x.sharding),
+                             stored.params, state.params)
+      gm = {"loss": stored.loss, "grad_norm": stored.grad_norm}
     recs = site_records([(c.site, self._store[c.site.name],
                           taps[c.site.name]) for c in self.calls],
                         self.kut_spec, int(step), refs,
@@ -329,6 +436,8 @@ class Player:
         "grad_rel_diff": (abs(gnk - gng) / gng if gng else
                           (0.0 if gnk == gng else math.inf)),
         "update_rel_diff": update_rel_diff(state.params, gparams, kparams)}
+    if stored is not None:
+      eff["golden_step"] = "stored"
     laps.lap("effect record (loss, update difference)")
     return recs + [tag_backward(eff, self.backward)]
 
@@ -349,7 +458,8 @@ class PlayerGroup:
 
   def __init__(self, task: TrainTask, kut_specs: Sequence[str], state,
                batch, *, select: str | Sequence[str] | None = None,
-               backward: str = "golden", invariance: bool = False):
+               backward: str = "golden", invariance: bool = False,
+               golden_steps: "_golden.GoldenSteps | None" = None):
     """Selects every KUT's sites and builds (not compiles) the call.
 
     Args:
@@ -360,6 +470,7 @@ class PlayerGroup:
       select: narrow every spec's sites (as :class:`Player`).
       backward: as :class:`Player`, for every KUT.
       invariance: as :class:`Player`, for every KUT.
+      golden_steps: as :class:`Player`, for every KUT.
 
     Raises:
       PeatError: no spec, a repeated spec, an unknown spec, a spec that
@@ -367,9 +478,10 @@ class PlayerGroup:
     """
     self.task = task
     self.players = {k.name: Player(task, k, state, batch, select=select,
-                                   backward=backward, invariance=invariance)
+                                   backward=backward, invariance=invariance,
+                                   golden_steps=golden_steps)
                     for k in check_specs(kut_specs, backward)}
-    fns = [p.both for p in self.players.values()]
+    fns = [p.played for p in self.players.values()]
     self._steps = jax.jit(lambda state, batch: [f(state, batch)
                                                 for f in fns])
 

@@ -315,6 +315,44 @@ class _Try(NamedTuple):
   names: tuple[str, ...]  # the hypotheses tried (inputs_<fmt>), in order
 
 
+class _Plan(NamedTuple):
+  """How the port probe treats one flagged record (:func:`_plan`)."""
+
+  p: _Pending  # the record, screened
+  name: str  # its record name
+  want: bool  # its screened signature calls for the probe
+  carried: tuple | None  # (step, probe) its site carries, or None
+  only: str | None  # the carried probe's hypothesis, tried alone
+  light: bool  # ... which explained by rounded inputs: tried on the screen
+  whole: bool  # probed whole before any decomposition (rounded inputs only)
+  on_device: bool  # tried on the device (CarriedProbes)
+
+
+#: ``answers.get(j, UNTRIED)``: the record was not probed whole before
+#: its decomposition (None is an answer: nothing beyond golden's noise).
+_UNTRIED = "untried"
+
+
+def _plan(sites, p: _Pending, cache: ProbeCache | None, step: int,
+          device_refs) -> _Plan:
+  """What the probe does with flagged record ``p``: carried or whole,
+  before or after its decomposition, on the device or the host."""
+  site = sites[p.i][0]
+  name = _record_name(site.name, p.k)
+  want = p.k is None and _analyzer.needs_probe(p.sig, screened=True)
+  carried = (cache.carried(name, probe_class(p.sig), step)
+             if cache and want else None)
+  found = None if carried is None else carried[1]
+  only = None if found is None else found["name"]
+  light = only is not None and bool(found.get("explains")) and str(
+      found.get("model", "")).split(":")[0] in _ROUNDED_INPUTS
+  whole = (want and carried is None and not site.composite
+           and _probes_api.precision_only(site.kernel))
+  device = bool(device_refs) and p.hilo is not None
+  on_device = device and (whole or (light and only.startswith("inputs_")))
+  return _Plan(p, name, want, carried, only, light, whole, on_device)
+
+
 def _device_probes(sites, tries: Sequence[_Try], device_refs) -> dict:
   """Port probes of primitive sites tried on the device
   (:class:`CarriedProbes`): a carried input-precision hypothesis alone, or
@@ -324,49 +362,62 @@ def _device_probes(sites, tries: Sequence[_Try], device_refs) -> dict:
   own executables (``ProbeReferences``).
 
   Returns:
-    ``{id(record): probe or None}``: the answers, each as ``port_probe``
-    gives it on the same hypotheses (None: within the golden kernel's
-    noise), a carried one with ``carried_from``; an explaining one with
-    the hypothesis's device halves (``hypothesis_split``) for its re-based
-    Signature. A carried try that no longer explains has no entry.
+    ``{index of the try: probe or None}``: the answers, each as
+    ``port_probe`` gives it on the same hypotheses (None: within the
+    golden kernel's noise), a carried one with ``carried_from``; an
+    explaining one with the hypothesis's device halves
+    (``hypothesis_split``) for its re-based Signature. A carried try that
+    no longer explains has no entry.
   """
   if not tries:
     return {}
-  flat = [(t, name) for t in tries for name in t.names]
-  keys = tuple((t.p.i, name[len("inputs_"):]) for t, name in flat)
+  flat = [(n, t, name) for n, t in enumerate(tries) for name in t.names]
+  keys = tuple((t.p.i, name[len("inputs_"):]) for _, t, name in flat)
   hyps = device_refs.hypotheses(
-      keys, [tuple(sites[t.p.i][2].inputs) for t, _ in flat])
+      keys, [tuple(sites[t.p.i][2].inputs) for _, t, _ in flat])
   got = device_refs.carried(
-      keys, [t.p.test for t, _ in flat], [t.p.gold for t, _ in flat],
-      [t.p.ref64 for t, _ in flat], hyps)
-  by_try: dict = {}
-  for (t, name), g in zip(flat, got):
-    by_try.setdefault(id(t), []).append((name, g))
+      keys, [t.p.test for _, t, _ in flat], [t.p.gold for _, t, _ in flat],
+      [t.p.ref64 for _, t, _ in flat], hyps)
+  by_try: dict[int, list] = {}
+  for (n, _, name), g in zip(flat, got):
+    by_try.setdefault(n, []).append((name, g))
   out = {}
-  for t in tries:
-    tried = by_try[id(t)]
-    d_ref, d_gold = tried[0][1].d_ref, tried[0][1].d_gold
-    if not d_ref > _probes_api.BEYOND_GOLDEN * d_gold:
-      if t.carried is None:  # port_probe finds nothing
-        out[id(t.p)] = None
-      continue
-    best = None
-    for name, g in tried:  # the lowest ratio, the first on a tie
-      if best is None or g.ratio < best[1].ratio:
-        best = (name, g)
-    name, g = best
-    fmt, mode = _analyzer.variant_rounding(name[len("inputs_"):])
-    found = _probes_api.probe_answer(
-        f"precision:{fmt}", name, _probes_api.precision_sentence(fmt, mode),
-        list(t.names), g.ratio, g.distance, d_ref, d_gold,
-        extra={"where": "inputs", "rounding": mode})
-    if found["explains"]:
-      found["hypothesis_split"] = g.split
-    if t.carried is None:
-      out[id(t.p)] = found
-    elif found["explains"]:
-      out[id(t.p)] = {**found, "carried_from": t.carried[0]}
+  for n, t in enumerate(tries):
+    found = _device_answer(t, by_try[n])
+    if found is not None or t.carried is None:
+      out[n] = found
   return out
+
+
+def _device_answer(t: _Try, tried: list) -> dict | None:
+  """One device try's answer (None: nothing beyond golden's noise, or a
+  carried hypothesis that no longer explains)."""
+  d_ref, d_gold = tried[0][1].d_ref, tried[0][1].d_gold
+  if not d_ref > _probes_api.BEYOND_GOLDEN * d_gold:
+    return None
+  name, g = min(tried, key=lambda ng: ng[1].ratio)  # the first on a tie
+  fmt, mode = _analyzer.variant_rounding(name[len("inputs_"):])
+  found = _probes_api.probe_answer(
+      f"precision:{fmt}", name, _probes_api.precision_sentence(fmt, mode),
+      list(t.names), g.ratio, g.distance, d_ref, d_gold,
+      extra={"where": "inputs", "rounding": mode})
+  if found["explains"]:
+    found["hypothesis_split"] = g.split
+  if t.carried is None:
+    return found
+  return {**found, "carried_from": t.carried[0]} if found["explains"] else None
+
+
+def _device_answers(sites, plans: Sequence[_Plan], device_refs) -> dict:
+  """``{plan index: probe or None}`` of the plans tried on the device."""
+  on_device = [j for j, pl in enumerate(plans) if pl.on_device]
+  tries = [_Try(plans[j].p, plans[j].carried,
+                (plans[j].only,) if plans[j].carried is not None else tuple(
+                    f"inputs_{f}" for f in _analyzer.probe_formats(
+                        sites[plans[j].p.i][0].kernel)))
+           for j in on_device]
+  got = _device_probes(sites, tries, device_refs)
+  return {on_device[n]: found for n, found in got.items()}
 
 
 def _probe_inputs(sites, pending: Sequence[_Pending], device_refs) -> dict:
@@ -385,6 +436,63 @@ def _probe_inputs(sites, pending: Sequence[_Pending], device_refs) -> dict:
   for (i, fmt), h in zip(keys, hyps):
     out[i][1][f"inputs_{fmt}"] = np.asarray(h)
   return out
+
+
+def _host_inputs(sites, plans: Sequence[_Plan], answers: dict,
+                 device_refs) -> dict:
+  """:func:`_probe_inputs` of the device-referenced records probed on the
+  host: another kind, a carried hypothesis of another kind, a device try
+  that no longer explains."""
+  def on_host(j: int, pl: _Plan) -> bool:
+    if pl.on_device:
+      return j not in answers
+    return pl.carried is None or pl.only is not None
+  return _probe_inputs(sites, [
+      pl.p for j, pl in enumerate(plans)
+      if pl.want and pl.p.hilo is not None and on_host(j, pl)], device_refs)
+
+
+def _before_decomposition(sites, plans: Sequence[_Plan], answers: dict,
+                          pre: dict) -> dict:
+  """``{plan index: probe}`` of the records a probe explains by rounded
+  inputs on their screened signature (no decomposition of their own):
+  those probed whole on the device, the others of such kinds probed whole
+  on the host (their answers join ``answers``), and the carried rounded
+  inputs tried alone on the host."""
+  for j, pl in enumerate(plans):
+    if pl.whole and not pl.on_device:
+      answers[j] = _port_probe(*sites[pl.p.i], pl.p.sig, pl.p.ref,
+                               pre.get(pl.p.i), screened=True)
+  kept = {j: v for j, v in answers.items()
+          if v is not None and v["explains"]}
+  for j, pl in enumerate(plans):
+    if pl.light and not pl.on_device:
+      found = _port_probe(*sites[pl.p.i], pl.p.sig, pl.p.ref,
+                          pre.get(pl.p.i), only=pl.only, screened=True)
+      if found is not None and found.get("explains"):
+        kept[j] = {**found, "carried_from": pl.carried[0]}
+  return kept
+
+
+def _after_decomposition(sites, pl: _Plan, p: _Pending, tried,
+                         pre: dict) -> tuple[dict | None, str]:
+  """The probe and path of a decomposed record ``p``: none, its site's
+  carried hypothesis where it answers as it did, else the probe whole (run
+  before the decomposition already where ``tried`` is not
+  :data:`_UNTRIED`: kept where the decomposed signature calls for it)."""
+  if not pl.want:
+    return None, "decomposition"
+  if pl.carried is not None and pl.only is None:  # nothing applied: as found
+    return None, "carried probe"
+  args = (*sites[p.i], p.sig, p.ref, pre.get(p.i))
+  if pl.only is not None and not pl.light:
+    found = _port_probe(*args, only=pl.only)
+    if found is not None and bool(found.get("explains")) == bool(
+        pl.carried[1].get("explains")):
+      return {**found, "carried_from": pl.carried[0]}, "carried probe"
+  if tried is not _UNTRIED:
+    return (tried if _analyzer.needs_probe(p.sig) else None), "probe"
+  return _port_probe(*args), "probe"
 
 
 def _probes(sites, flagged: Sequence[_Pending], device_refs,
@@ -407,98 +515,26 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
     (None where none runs) and path: ``decomposition`` (no probe),
     ``probe`` (run whole) or ``carried probe``.
   """
-  names = [_record_name(sites[p.i][0].name, p.k) for p in flagged]
-  want = [p.k is None and _analyzer.needs_probe(p.sig, screened=True)
-          for p in flagged]
-  carry = [cache.carried(n, probe_class(p.sig), step) if cache and w
-           else None for p, w, n in zip(flagged, want, names)]
-  only = {p.i: c[1]["name"] for p, c in zip(flagged, carry)
-          if c is not None and c[1] is not None}
-  light = {p.i for p, c in zip(flagged, carry)
-           if p.i in only and c[1].get("explains")
-           and str(c[1].get("model", "")).split(":")[0] in _ROUNDED_INPUTS}
-  # The probe whole of a kind that tries nothing but rounded inputs runs
-  # before any decomposition: where it explains, the screen suffices.
-  whole = {p.i for p, w, c in zip(flagged, want, carry)
-           if w and c is None and not sites[p.i][0].composite
-           and _probes_api.precision_only(sites[p.i][0].kernel)}
-  # Those of sites with a device float64 reference, and the carried
-  # input-precision hypotheses of such sites, are tried on the device
-  # (CarriedProbes: scalars and ratios come back).
-  on_device = {p.i for p in flagged if device_refs and p.i in light
-               and p.hilo is not None and only[p.i].startswith("inputs_")}
-  on_device |= {p.i for p in flagged if device_refs and p.i in whole
-                and p.hilo is not None}
-  tries = [_Try(p, c, (only[p.i],) if c is not None else tuple(
-      f"inputs_{f}" for f in _analyzer.probe_formats(sites[p.i][0].kernel)))
-           for p, c in zip(flagged, carry) if p.i in on_device]
-  answers = _device_probes(sites, tries, device_refs)
-  # The device-referenced records probed on the host (another kind, a
-  # carried hypothesis of another kind, a device try that no longer
-  # explains) read the device's reference and hypotheses there.
-  pre = _probe_inputs(sites, [
-      p for p, w, c in zip(flagged, want, carry)
-      if w and p.hilo is not None and (
-          (p.i not in on_device and (c is None or p.i in only))
-          or (p.i in on_device and id(p) not in answers))], device_refs)
-  for p in flagged:  # the others probed whole before a decomposition
-    if p.i in whole and p.i not in on_device:
-      site, params, tp = sites[p.i]
-      answers[id(p)] = _port_probe(site, params, tp, p.sig, p.ref,
-                                   pre.get(p.i), screened=True)
-  kept = {k: v for k, v in answers.items()
-          if v is not None and v["explains"]}
-  for p, c in zip(flagged, carry):
-    if p.i in light and p.i not in on_device:
-      site, params, tp = sites[p.i]
-      found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i),
-                          only=only[p.i], screened=True)
-      if found is not None and found.get("explains"):
-        kept[id(p)] = {**found, "carried_from": c[0]}
-  heavy = [p for p in flagged if id(p) not in kept]
-  done = dict(zip(map(id, heavy), _decompose(heavy)))
+  plans = [_plan(sites, p, cache, step, device_refs) for p in flagged]
+  answers = _device_answers(sites, plans, device_refs)
+  pre = _host_inputs(sites, plans, answers, device_refs)
+  kept = _before_decomposition(sites, plans, answers, pre)
+  heavy = [j for j in range(len(plans)) if j not in kept]
+  decomposed = dict(zip(heavy, _decompose([plans[j].p for j in heavy])))
   records, probes, paths = [], [], []
-  for p, w, c, name in zip(flagged, want, carry, names):
-    site, params, tp = sites[p.i]
-    if id(p) in kept:  # explained by rounded inputs, on its screen
-      records.append(p)
-      probes.append(kept[id(p)])
-      paths.append("carried probe" if c is not None else "probe")
-      if c is None and cache is not None:
-        cache.keep(name, probe_class(p.sig), step, kept[id(p)])
-      continue
-    tried = answers.get(id(p), False)  # False: not probed whole yet
-    p = done[id(p)]
-    records.append(p)
-    if not w:
-      probes.append(None)
-      paths.append("decomposition")
-      continue
-    if c is not None and p.i not in only:  # no hypothesis applied: as found
-      probes.append(None)
-      paths.append("carried probe")
-      continue
-    found = None
-    if p.i in only and p.i not in light:
-      found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i),
-                          only=only[p.i])
-      if found is not None and bool(
-          found.get("explains")) == bool(c[1].get("explains")):
-        probes.append({**found, "carried_from": c[0]})
-        paths.append("carried probe")
-        continue
-    # No probe yet for the site, or its carried hypothesis answers
-    # otherwise: the probe whole (run before the decomposition already,
-    # where the kind tries rounded inputs alone: kept where the decomposed
-    # signature calls for it, as _port_probe does).
-    if tried is not False:
-      found = tried if _analyzer.needs_probe(p.sig) else None
+  for j, pl in enumerate(plans):
+    if j in kept:  # explained by rounded inputs, on its screen
+      p, probe = pl.p, kept[j]
+      path = "carried probe" if pl.carried is not None else "probe"
     else:
-      found = _port_probe(site, params, tp, p.sig, p.ref, pre.get(p.i))
-    if cache is not None:
-      cache.keep(name, probe_class(p.sig), step, found)
-    probes.append(found)
-    paths.append("probe")
+      p = decomposed[j]
+      probe, path = _after_decomposition(sites, pl, p,
+                                         answers.get(j, _UNTRIED), pre)
+    if path == "probe" and cache is not None:
+      cache.keep(pl.name, probe_class(p.sig), step, probe)
+    records.append(p)
+    probes.append(probe)
+    paths.append(path)
   if cache is not None and device_refs and "probe" in paths:
     _prepare_carried(sites, records, probes, paths, device_refs)
   return records, probes, paths

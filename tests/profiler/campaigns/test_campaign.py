@@ -10,6 +10,8 @@ import pytest
 
 import peat_jax as peat
 from peat_jax import profiler
+from peat_jax.profiler import campaigns
+from peat_jax.profiler.campaigns import _campaign
 from peat_jax.profiler.files import _records as records
 from peat_jax import models
 from peat_jax.kernels import kut
@@ -166,9 +168,11 @@ def test_prepare_task_factory_rebuilds_the_same_task(tmp_path):
 @pytest.mark.slow  # worker processes compile the CNN twice (~25 s)
 def test_tool_isolates_native_kuts_by_default(tmp_path, capsys):
   """The README main command: a native KUT runs in worker processes unless
-  --isolate=off; the records are the same either way."""
+  --isolate=off (playback and runtime FI side by side on a CPU of two
+  cores); the records are the same either way."""
   args = ["--kut=native:matmul:in_bf16", "--batch_size=32", "--steps=4",
-          "--checkpoint_every=4", "--frequencies=", "--select=*Linear*"]
+          "--checkpoint_every=4", "--frequencies=every", "--runtime_steps=3",
+          "--select=*Linear*"]
   records = {}
   for mode in ("auto", "off"):
     d = tmp_path / mode
@@ -180,8 +184,15 @@ def test_tool_isolates_native_kuts_by_default(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ("(isolated: worker processes" in out) == (mode == "auto"), out
     assert "verdict: warn" in out
-    records[mode] = (d / profiler.PLAYBACK_FILE).read_bytes()
-  assert records["auto"] == records["off"] and len(records["auto"]) > 1000
+    side = "(side by side with playback)" in out
+    assert side == (mode == "auto" and campaigns.side_by_side()), out
+    records[mode] = [(d / f).read_bytes() for f in (
+        profiler.PLAYBACK_FILE, profiler.RUNTIME_FILE)]
+  assert records["auto"] == records["off"]
+  playback, runtime = (profiler.read_records(tmp_path / "auto" / f) for f in
+                        (profiler.PLAYBACK_FILE, profiler.RUNTIME_FILE))
+  assert len(playback) > 1 and {r["name"] for r in runtime} >= {
+      "golden", "every"}, runtime
 
 
 def _report_without_time(path):
@@ -228,3 +239,46 @@ def test_a_kut_spec_is_parsed_once_where_it_enters(task, tmp_path,
                    frequencies=("every",), steps=2,
                    campaign_dir=tmp_path / "other")
   assert calls == []  # a parsed spec is never parsed again
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_isolated_stages_run_side_by_side_and_keep_each_others_work(
+    monkeypatch, together):
+  """Playback and runtime FI in workers run at once on a CPU of two cores
+  (one after the other elsewhere); a stage's failure never throws away
+  the other's records: both end before the error is raised."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(_campaign, "side_by_side", lambda: together)
+  plan = _campaign._Phases("[2/4] playback", "[3/4] runtime")
+  lines, ran = [], []
+  runtime_started = threading.Event()
+
+  def play():
+    if together:  # the runtime stage starts before playback ends
+      assert runtime_started.wait(30)
+    else:
+      assert not runtime_started.is_set()
+    ran.append("playback")
+    raise peat.PeatError("playback failed")
+
+  def run():
+    runtime_started.set()
+    time.sleep(0.2)
+    ran.append("runtime")
+
+  with pytest.raises(peat.PeatError, match="playback failed"):
+    _campaign._isolated_phases(plan, lines.append, play, run)
+  assert sorted(ran) == ["playback", "runtime"] if together else (
+      ran == ["playback"])
+  assert lines[0] == plan.playback
+  assert (len(lines) == 2) == together
+
+  def failing_run():
+    raise peat.PeatError("runtime failed")
+
+  ran.clear()
+  with pytest.raises(peat.PeatError, match="runtime failed"):
+    _campaign._isolated_phases(plan, lines.append,
+                               lambda: ran.append("playback"), failing_run)
+  assert ran == ["playback"]

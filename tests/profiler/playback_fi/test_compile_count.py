@@ -66,3 +66,61 @@ def test_a_second_playback_in_one_process_compiles_nothing(run, tmp_path,
   assert first.compiled > 0
   assert second.compiled == 0, (first.compiled, second.compiled)
   assert second.loaded > 0
+
+
+@pytest.mark.parametrize("name", ["cnn", "gpt"])
+def test_a_worker_compiles_what_it_plays_before_its_first_checkpoint(
+    name, tmp_path):
+  """An isolated worker compiles before the KUT runs (Player.compile),
+  so that its time limit tells a hang from a compilation: that warm-up
+  must be what a benign KUT's checkpoint runs, no more (no
+  decomposition of stand-ins the screen flags) and no less (no program
+  left to compile at the first checkpoint)."""
+  # A process that ran many tests is near the mapping limit at which the
+  # Analyzer's entry points clear JAX's caches (core.release_compiled):
+  # start from empty caches, as a worker process does.
+  jax.clear_caches()
+  small = dict(context=16, model_kwargs=dict(dim=32, depth=1, heads=2))
+  task = models.get_task(name, batch_size=4, **(small if name == "gpt"
+                                                else {}))
+  g = peat.golden_train(task, tmp_path / "golden", steps=1,
+                        checkpoint_every=1, evaluate=False)
+  kut = peat.kernels.kut.checked(KUT)
+  state = peat.restore_state(g.checkpoint_dir, task, 0)
+  # The float32 GPT reads the golden run's stored step (the worker's
+  # default), the CNN replays it: both programs are warmed.
+  stored = (profiler.golden.stored_golden_steps(g.workdir, [0])
+            if name == "gpt" else None)
+  player = profiler.playback_fi.Player(
+      task, kut, state, task.batch_at(int(state.data_position)),
+      golden_steps=stored)
+  assert (player.golden_steps is not None) == (name == "gpt")
+  with core.count_compilations() as warm:
+    player.compile(state)
+  with core.count_compilations() as played:
+    recs = player.play(0, state)
+  sites = [r for r in recs if r["kind"] != "effect"]
+  assert sites and all(r["diagnosis"]["verdict"] == "pass" for r in sites)
+  assert warm.compiled > 0
+  assert played.compiled == 0, played.compiled
+
+
+def test_what_playback_compiles_does_not_grow_with_its_sites(tmp_path):
+  """One site or every site of the kernel (13 of several shapes): the same
+  programs (one step, one set of references, one screen), each holding
+  every selected site, so their count stays."""
+  small = dict(context=16, model_kwargs=dict(dim=32, depth=2, heads=2))
+  task = models.get_task("gpt", batch_size=2, **small)
+  g = peat.golden_train(task, tmp_path / "golden", steps=1,
+                        checkpoint_every=1, evaluate=False)
+  counts = {}
+  for select in ("*Mlp/Linear/dot_general:0", None):
+    with core.count_compilations() as c:
+      got = profiler.playback(task, g.workdir, KUT, select=select,
+                              campaign_dir=tmp_path / str(select))
+    counts[select] = (len(got.sites), c.compiled)
+  (one, n_one), (every, n_every) = counts.values()
+  assert one == 1 and every > 4 * one, counts
+  # The second call reuses what does not hold sites (the update norm):
+  # what it compiles is no more than the first's.
+  assert 0 < n_every <= n_one, counts

@@ -66,3 +66,32 @@ def test_gpt_matmul_records_are_those_of_before(tmp_path):
 @pytest.mark.parametrize("name", ["gpt_many", "gpt_backward_kut"])
 def test_more_gpt_records_are_those_of_before(name, tmp_path):
   _check(name, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt_matmul", "cnn_conv2d", "gpt_many"])
+def test_a_stored_golden_step_keeps_every_diagnosis(name, tmp_path):
+  """Playing the KUT's step alone against the golden run's stored step
+  (the default) keeps the records' meaning: the same records, sites and
+  diagnoses as replaying the golden step; the first site's inputs are
+  the checkpoint's own, so its signature is bitwise the same; the effect
+  record's golden loss is the golden run's own (its log)."""
+  expected = peat.profiler.read_records(os.path.join(HERE, f"{name}.msgpack"))
+  path = cases.run(peat, models, name, str(tmp_path), replay_golden_step=False)
+  got = peat.profiler.read_records(path)
+  key = lambda r: (r["kind"], r["kut"], r["step"], r.get("site"))
+  assert [key(r) for r in got] == [key(r) for r in expected]
+  log = peat.profiler.read_log(tmp_path / "golden")
+  first = {}
+  for g, e in zip(got, expected):
+    if g["kind"] == "effect":
+      assert g["golden_step"] == "stored"
+      assert g["loss_golden"] == float(
+          log["loss"][list(log["step"]).index(g["step"] + 1)])
+      assert g["loss_golden"] == e["loss_golden"]
+      continue
+    assert g["diagnosis"]["model"] == e["diagnosis"]["model"], key(g)
+    assert g["diagnosis"]["verdict"] == e["diagnosis"]["verdict"], key(g)
+    first.setdefault((g["kut"], g["step"]), (g, e))
+  for g, e in first.values():
+    assert g["signature"] == e["signature"], key(g)

@@ -39,8 +39,12 @@ CASES = {
 }
 
 
-def run(peat, models, name, workdir):
-  """Plays case ``name`` into ``workdir``; returns the record file's path."""
+def run(peat, models, name, workdir, replay_golden_step=True):
+  """Plays case ``name`` into ``workdir``; returns the record file's path.
+
+  The fixture's records replay the golden step at each checkpoint (as
+  playback did before the golden run stored it): ``replay_golden_step``
+  False plays the KUT's step alone against the stored golden step."""
   import os  # pylint: disable=g-import-not-at-top
 
   c = CASES[name]
@@ -48,10 +52,9 @@ def run(peat, models, name, workdir):
   g = peat.golden_train(task, os.path.join(workdir, "golden"),
                         steps=c["steps"], checkpoint_every=2, evaluate=False)
   d = os.path.join(workdir, "campaign")
+  mode = dict(backward=c["backward"], replay_golden_step=replay_golden_step)
   if len(c["kuts"]) == 1:
-    peat.playback(task, g.workdir, c["kuts"][0], campaign_dir=d,
-                  backward=c["backward"])
+    peat.playback(task, g.workdir, c["kuts"][0], campaign_dir=d, **mode)
   else:
-    peat.playback_many(task, g.workdir, c["kuts"], campaign_dir=d,
-                       backward=c["backward"])
+    peat.playback_many(task, g.workdir, c["kuts"], campaign_dir=d, **mode)
   return os.path.join(d, peat.profiler.PLAYBACK_FILE)
