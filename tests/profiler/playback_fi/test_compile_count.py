@@ -68,7 +68,8 @@ def test_a_second_playback_in_one_process_compiles_nothing(run, tmp_path,
   assert second.loaded > 0
 
 
-@pytest.mark.parametrize("name", ["cnn", "gpt"])
+@pytest.mark.parametrize("name", [
+    "cnn", pytest.param("gpt", marks=pytest.mark.slow)])  # gpt: ~24 s
 def test_a_worker_compiles_what_it_plays_before_its_first_checkpoint(
     name, tmp_path):
   """An isolated worker compiles before the KUT runs (Player.compile),
@@ -105,6 +106,7 @@ def test_a_worker_compiles_what_it_plays_before_its_first_checkpoint(
   assert played.compiled == 0, played.compiled
 
 
+@pytest.mark.slow  # ~25-38 s: two cold playbacks of a 2-block GPT
 def test_what_playback_compiles_does_not_grow_with_its_sites(tmp_path):
   """One site or every site of the kernel (13 of several shapes): the same
   programs (one step, one set of references, one screen), each holding
