@@ -12,7 +12,9 @@ every shape.
 | function | site kernel | right on (gpt) | wrong on | the slip (precedent) |
 | --- | --- | --- | --- | --- |
 | ``softmax_tail64`` | ``softmax`` | rows of L = 40 | rows of L % 128 == 64 (64, 192, ...) | the row is reduced in 128-lane vectors; a half-full last vector (64 values) is loaded into both halves of the register instead of its high half being filled with -inf, so the tail's exponentials are counted twice in the normalizing sum (tenstorrent/tt-metal issue 4599 and PR 20008: softmax over padding that was not -inf) |
+| ``softmax_tail64_long`` | ``softmax`` | rows of L = 40, and of L = 64 (one half vector) | rows of L % 128 == 64 longer than 64 (192, 320, ...) | the row loop sums the full 128-lane vectors and handles a partial last vector only when there is no full one: the last 64 columns of a longer row are left out of the normalizing sum (the ``% 128 == 64`` lengths of the precedent issue 54 names, pytorch issue 196678) |
 | ``matmul_gemv`` | ``dot_general`` | every site has 32 or more lhs rows | one lhs row (batch 1, one token: a decode step) | an M == 1 fast path calls a column-major GEMV on the row-major ``[K, N]`` operand with the transpose flag and leading dimension of the other layout: it reads the buffer as ``[N, K]`` (alibaba/BladeDISC PR 243: a GEMM with m == 1 diverted to a GEMV path wrong for what it was given) |
+| ``matmul_ntail7`` | ``dot_general`` | every output width N of the training (32, 40, 128, 256, 384, 512: N % 8 == 0) | N % 8 == 7 (7, 15, ..., 383) | the epilogue stores the output row in 8-lane vectors; a last vector one lane short of full takes its last lane from the lane before: the last output column repeats the one before (a vector-tail slip in a GEMM epilogue, the class issue 54 names) |
 | ``attention_causal_topleft`` | ``attention`` | the causal mask ``tril[1, 1, 40, 40]`` (q_len == kv_len) | q_len != kv_len with a bottom-right-aligned causal mask (a KV cache, chunked prefill), packed sequences, any non-causal mask | the port maps "a mask is given" to the fused kernel's ``causal=True`` and drops the mask; its causal triangle is aligned top-left (``s <= t``) (Dao-AILab/flash-attention issue 517 and its 2.1 change: top-left vs bottom-right alignment once seqlen_q != seqlen_k) |
 | ``attention_gqa_modulo`` | ``attention`` | H == Hk == 4 | fewer kv heads than query heads (grouped-query attention) | query head ``j`` given kv head ``j % Hk`` (kv heads tiled) instead of ``j // (H / Hk)`` (repeated) (onnx/onnx PR 7274: GQA expanded with Tile instead of repeat_interleave; ekzhang/jax-js PR 180) |
 | ``layer_norm_wide`` | ``layer_norm`` | F = 128 | rows of F > 4096 features | the row is reduced in blocks of 4096; the sum of squared deviations is divided by the block's width, which is the row length only while the row fits in one block (vllm-project/vllm PR 44692: a fused norm validated at hidden size 4096 only; bytedance/lightseq PR 137: layer-norm kernels limited to hidden sizes below 4096) |
@@ -97,6 +99,33 @@ def softmax_tail64_fixed(x: jax.Array, axis: int = -1) -> jax.Array:
   return _softmax(x, axis, bug=False)
 
 
+def softmax_tail64_long(x: jax.Array, axis: int = -1) -> jax.Array:
+  """Softmax whose rows of ``L % 128 == 64``, ``L > 64``, drop their tail
+  from the normalizing sum.
+
+  The row loop sums the exponentials of its full 128-lane vectors and
+  takes a partial last vector only when the row has no full one: on a
+  row of 192, 320, ... values the last 64 are left out of the sum, so
+  every output of the row is too large by the same factor (its maximum
+  is taken over the whole row). Right on rows shorter than 128 and on
+  every other remainder.
+  """
+  xf = jnp.moveaxis(_f32(x), axis, -1)
+  n = xf.shape[-1]
+  full, rem = divmod(n, SOFTMAX_LANES)
+  if not (rem == SOFTMAX_LANES // 2 and full >= 1):
+    return _softmax(x, axis, bug=False)
+  m = jnp.max(xf, axis=-1, keepdims=True)
+  e = jnp.exp(xf - m)
+  s = jnp.sum(e[..., :full * SOFTMAX_LANES], axis=-1, keepdims=True)
+  return jnp.moveaxis(e / s, -1, axis).astype(x.dtype)
+
+
+def softmax_tail64_long_fixed(x: jax.Array, axis: int = -1) -> jax.Array:
+  """``softmax_tail64_long`` summing its partial last vector too."""
+  return _softmax(x, axis, bug=False)
+
+
 # -------------------------------------------------------------- dot_general
 
 
@@ -159,6 +188,42 @@ def _by_row(row, batched, a: jax.Array, b: jax.Array) -> jax.Array:
 
   product.defvjp(fwd, bwd)
   return product(a, b)
+
+
+#: The epilogue's vector width (lanes) of ``matmul_ntail7``.
+NTAIL_LANES = 8
+
+
+def matmul_ntail7(lhs, rhs, *, dimension_numbers, precision=None,
+                  preferred_element_type=None, out_sharding=None):
+  """``lax.dot_general`` whose last output column repeats the one before
+  when the output width ``N % 8 == 7``.
+
+  The products are those of ``matmul_gemv_fixed`` (right on every
+  shape); the epilogue writes each output row in vectors of 8 lanes, and
+  a last vector one lane short of full takes its last lane from the lane
+  before. Right on every N that is not 7 past a multiple of 8 (and on
+  N = 1... 6 past it).
+  """
+  del out_sharding
+  out = _dot_general(lhs, rhs, dimension_numbers, precision,
+                     preferred_element_type, bug=False)
+  (_, rc), (_, rb) = dimension_numbers
+  rf = [d for d in range(rhs.ndim) if d not in tuple(rc) + tuple(rb)]
+  n = math.prod(int(rhs.shape[d]) for d in rf)
+  if n % NTAIL_LANES != NTAIL_LANES - 1 or n < 2 or not _is_float(out):
+    return out
+  flat = out.reshape(out.shape[:out.ndim - len(rf)] + (n,))
+  flat = flat.at[..., n - 1].set(flat[..., n - 2])
+  return flat.reshape(out.shape)
+
+
+def matmul_ntail7_fixed(lhs, rhs, *, dimension_numbers, precision=None,
+                        preferred_element_type=None, out_sharding=None):
+  """``matmul_ntail7`` whose epilogue writes its last lane from its own."""
+  del out_sharding
+  return _dot_general(lhs, rhs, dimension_numbers, precision,
+                      preferred_element_type, bug=False)
 
 
 def matmul_gemv(lhs, rhs, *, dimension_numbers, precision=None,
