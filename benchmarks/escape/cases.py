@@ -192,7 +192,7 @@ SHAPE_DEFECTS = (
     _shape_case("softmax_tail64_long", "softmax", "scale",
                 "rows of L % 128 == 64, L > 64, leave their last 64 values "
                 "out of the sum (the % 128 == 64 lengths of pytorch issue "
-                "196678, named by issue 54)", SOFTMAX),
+                "196678)", SOFTMAX),
     _shape_case("matmul_ntail7", "dot_general", "indexing",
                 "N % 8 == 7: the epilogue's last lane repeats the one "
                 "before (a vector-tail slip in a GEMM epilogue)", MATMUL),

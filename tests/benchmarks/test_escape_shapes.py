@@ -81,38 +81,42 @@ def _max_call(axes):
   return lambda kut, x: kut(x, axes=axes)
 
 
+#: (call(kut, *inputs), golden(*inputs), reference(*inputs)) of a kind.
+_SOFTMAX = (lambda kut, x: kut(x), layers.softmax, analyzer.reference_softmax)
+_MATMUL = (
+    lambda kut, a, b: kut(a, b, dimension_numbers=_MM, precision=None,
+                          preferred_element_type=None, out_sharding=None),
+    lambda a, b: lax.dot_general(a, b, _MM),
+    lambda a, b: analyzer.reference_dot_general(a, b, _MM))
+
+def _rows(shape):
+  """Softmax inputs: rows of logits of scale 2."""
+  return lambda r: (_randn(r, shape, 2.0),)
+
+
+def _gemm(lhs, rhs):
+  """GEMM inputs: activations ``lhs`` and weights ``rhs`` of scale 0.1."""
+  return lambda r: (_randn(r, lhs), _randn(r, rhs, 0.1))
+
+
 #: kernel -> (call(kut, *inputs), golden(*inputs), reference(*inputs),
 #:            {variant: inputs(rng)}); variant "train" is gpt's shape.
 CASES = {
     "softmax_tail64": (
-        lambda kut, x: kut(x), layers.softmax, analyzer.reference_softmax,
-        {"train": lambda r: (_randn(r, (2, 4, 40, 40), 2.0),),
-         "L=64": lambda r: (_randn(r, (2, 4, 40, 64), 2.0),)}),
+        *_SOFTMAX,
+        {"train": _rows((2, 4, 40, 40)), "L=64": _rows((2, 4, 40, 64))}),
     "softmax_tail64_long": (
-        lambda kut, x: kut(x), layers.softmax, analyzer.reference_softmax,
-        {"train": lambda r: (_randn(r, (2, 4, 40, 40), 2.0),),
-         "L=64": lambda r: (_randn(r, (2, 4, 40, 64), 2.0),),
-         "L=192": lambda r: (_randn(r, (2, 4, 8, 192), 2.0),)}),
+        *_SOFTMAX,
+        {"train": _rows((2, 4, 40, 40)), "L=64": _rows((2, 4, 40, 64)),
+         "L=192": _rows((2, 4, 8, 192))}),
     "matmul_ntail7": (
-        lambda kut, a, b: kut(a, b, dimension_numbers=_MM, precision=None,
-                              preferred_element_type=None,
-                              out_sharding=None),
-        lambda a, b: lax.dot_general(a, b, _MM),
-        lambda a, b: analyzer.reference_dot_general(a, b, _MM),
-        {"train": lambda r: (_randn(r, (2, 40, 128)),
-                             _randn(r, (128, 384), 0.1)),
-         "N=15": lambda r: (_randn(r, (2, 40, 128)),
-                            _randn(r, (128, 15), 0.1))}),
+        *_MATMUL,
+        {"train": _gemm((2, 40, 128), (128, 384)),
+         "N=15": _gemm((2, 40, 128), (128, 15))}),
     "matmul_gemv": (
-        lambda kut, a, b: kut(a, b, dimension_numbers=_MM, precision=None,
-                              preferred_element_type=None,
-                              out_sharding=None),
-        lambda a, b: lax.dot_general(a, b, _MM),
-        lambda a, b: analyzer.reference_dot_general(a, b, _MM),
-        {"train": lambda r: (_randn(r, (2, 40, 128)),
-                             _randn(r, (128, 384), 0.1)),
-         "one row": lambda r: (_randn(r, (1, 1, 128)),
-                               _randn(r, (128, 384), 0.1))}),
+        *_MATMUL,
+        {"train": _gemm((2, 40, 128), (128, 384)),
+         "one row": _gemm((1, 1, 128), (128, 384))}),
     "attention_causal_topleft": (
         lambda kut, q, k, v, m: kut(q, k, v, m), layers.attention,
         analyzer.reference_attention,

@@ -520,7 +520,7 @@ def side_by_side() -> bool:
   an accelerator they run one after the other, as two processes would
   each claim most of the device's memory."""
   return (jax.default_backend() == "cpu"
-          and len(os.sched_getaffinity(0)) >= 2)
+          and (_provenance.visible_cores() or 1) >= 2)
 
 
 def _isolated_phases(plan: _Phases, say: Callable[[str], None],

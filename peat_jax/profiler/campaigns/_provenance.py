@@ -159,13 +159,19 @@ def kut_entry(spec: _kut.KutSpec) -> dict:
           "site_kernel": spec.site_kernel, "content": content_hash(spec)}
 
 
+def visible_cores() -> int | None:
+  """The CPU cores this process may run on (its affinity on Linux, the
+  machine's count elsewhere)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # not Linux
+    return os.cpu_count()
+
+
 def platform_entry() -> dict:
   """The provenance's ``platform``: backend, devices, host."""
   dev = jax.devices()[0]
-  try:
-    cores = len(os.sched_getaffinity(0))
-  except AttributeError:  # not Linux
-    cores = os.cpu_count()
+  cores = visible_cores()
   return {"backend": jax.default_backend(), "device_kind": dev.device_kind,
           "device_count": jax.device_count(),
           "process_count": jax.process_count(),

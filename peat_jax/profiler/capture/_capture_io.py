@@ -72,8 +72,6 @@ def planned_bytes(shapes_dtypes: Mapping[str, tuple[tuple, Any]]) -> int:
 # ---------------------------------------------------------------- arrays
 
 
-_storable = _files.storable
-sha256 = _files.sha256
 write_file = _files.write_file
 
 

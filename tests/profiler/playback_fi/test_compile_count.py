@@ -15,11 +15,8 @@ KUT = "native:matmul:default"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  task = models.get_task("cnn", batch_size=8)
-  g = peat.golden_train(task, tmp_path_factory.mktemp("cc") / "golden",
-                        steps=3, checkpoint_every=1, evaluate=False)
-  return task, g
+def run(cnn_run):
+  return cnn_run
 
 
 @pytest.fixture

@@ -17,11 +17,8 @@ from peat_jax import profiler
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-  task = models.get_task("cnn", batch_size=8)
-  g = peat.golden_train(task, tmp_path_factory.mktemp("tri") / "golden",
-                        steps=3, checkpoint_every=1, evaluate=False)
-  return task, g
+def run(cnn_run):
+  return cnn_run
 
 
 def test_a_benign_kut_is_decided_by_the_screen(run, tmp_path):
