@@ -17,9 +17,11 @@ attention function as its own KUT):
   op-level playback of the same sites at their training shapes
   (``peat.playback_ops``: the same Analyzer and Detector on the captured
   call);
-* ``peat.fuzz`` over every variant of every site (``--budget`` caps the
-  variants per KUT; 0: all): the wall time, per site, per variant (first
-  variant of a new shape and the others), the verdict.
+* ``peat.fuzz`` over the variants of every site (``--budget`` caps the
+  variants per KUT, ``--budget_seconds`` its seconds as
+  ``--fuzz_budget=Ns`` does; 0: all): the wall time, per site, per
+  variant, the verdict, the variants planned per site and the families
+  the budget covered of those planned.
 
 Prints a table and writes it with the details (per variant: seconds,
 family, model, verdict) as JSON to ``--out``. Nothing else may run on the
@@ -38,6 +40,7 @@ import jax
 
 import peat_jax as peat
 from peat_jax import models
+from peat_jax.profiler.fuzz import targets as fuzz_targets
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/peat_bench_fuzz",
                                "Golden profile and campaigns.")
@@ -47,6 +50,8 @@ _KUTS = flags.DEFINE_list(
              "py:peat_jax.models.layers:attention@attention"],
     "Correct KUTs (spec, or spec@kernel for a py: one).")
 _BUDGET = flags.DEFINE_integer("budget", 0, "Variants per KUT (0: all).")
+_BUDGET_SECONDS = flags.DEFINE_float(
+    "budget_seconds", 0.0, "Seconds per KUT, as --fuzz_budget=Ns (0: none).")
 _SCENARIO = flags.DEFINE_string("scenario", "gpt", "The model scenario "
                                 "(its default configuration).")
 _OUT = flags.DEFINE_string("out", "benchmarks/out/fuzz", "Output folder.")
@@ -99,8 +104,12 @@ def main(argv):
       lines.append((time.perf_counter(), line))
     t0 = time.perf_counter()
     r = peat.fuzz(gdir, spec, task=task, campaign_dir=camp, progress=say,
-                  budget_cases=_BUDGET.value or None)
+                  budget_cases=_BUDGET.value or None,
+                  budget_seconds=_BUDGET_SECONDS.value or None)
     fuzz_s = time.perf_counter() - t0
+    tgts = fuzz_targets(gdir, spec, task=task)
+    planned_fams = sorted({p.family for t in tgts for p in t.plans})
+    run_fams = sorted({x["family"] for x in r.records})
     per = []
     last = t0
     for t, line in lines:
@@ -110,6 +119,10 @@ def main(argv):
     shapes_new = [d for d, (_, line) in zip(per, lines) if d > 0.5]
     rows.append({
         "kut": spec.spec, "sites": sites, "variants": r.ran,
+        "planned": r.planned, "planned_per_site": [len(t.plans)
+                                                   for t in tgts],
+        "families_planned": planned_fams, "families_run": run_fams,
+        "families_missed": sorted(set(planned_fams) - set(run_fams)),
         "skipped": len(r.skipped), "verdict": r.verdict.verdict
         if r.verdict else None, "summary": r.summary,
         "fuzz_s": round(fuzz_s, 1), "per_site_s": round(fuzz_s / sites, 1),
@@ -126,14 +139,20 @@ def main(argv):
                           "verdict": x["diagnosis"]["verdict"]}
                          for x in r.records]
     print(f"{spec.spec}: {rows[-1]}", flush=True)
-  head = ("| KUT (correct) | sites | variants run | fuzz verdict | largest "
+  head = ("| KUT (correct) | sites | variants planned per site | variants "
+          "run | families run / planned | fuzz verdict | largest "
           "noise ratio passed | fuzz wall | per site | per variant | "
           "op-level playback of the training shapes | fuzz / that | fuzz / "
           "golden step |")
   out = [f"{_SCENARIO.value}:", "", head,
-         "| " + " | ".join(["---"] * 11) + " |"]
+         "| " + " | ".join(["---"] * 13) + " |"]
   for r in rows:
-    out.append(f"| `{r['kut']}` | {r['sites']} | {r['variants']} | "
+    per = r["planned_per_site"]
+    out.append(f"| `{r['kut']}` | {r['sites']} | {min(per)}-{max(per)} | "
+               f"{r['variants']} | {len(r['families_run'])} / "
+               f"{len(r['families_planned'])}"
+               + (f" (missed: {', '.join(r['families_missed'])})"
+                  if r["families_missed"] else "") + " | "
                f"{r['verdict']} | {r['max_noise_ratio_pass']} | "
                f"{r['fuzz_s']} s | {r['per_site_s']} s | "
                f"{r['per_variant_s']} s | {r['ops_s']} s | "

@@ -4,7 +4,7 @@ Usage::
 
   python benchmarks/escape_suite.py [--workdir=/tmp/peat_escape] \
       [--only=padded_tail,input_zeroing] [--quick] [--json=out.json] \
-      [--fuzz | --nofuzz] [--fuzz_budget=N]
+      [--fuzz | --nofuzz] [--fuzz_budget=150s]
 
 For each defect (``benchmarks/escape/cases.py``: a documented real-world
 failure mode, as a C++ kernel of ``benchmarks/escape/escape_kernels.cc``
@@ -26,11 +26,13 @@ bridge), side by side in one run:
   ``benchmarks/escape/escape_shapes.py`` and for the controls;
   ``--fuzz`` runs it on every row, ``--nofuzz`` on none): ``peat.profile``
   captures the inputs of the case's site kernel at step 0, ``peat.fuzz``
-  runs the kernel on every variant of the first such site (other batch
-  sizes, one row, lengths, attention's masks and kv heads, magnitudes):
-  the fuzz verdict, the family of the records that decided it and the
-  variant that exposed it (the first of them); for a defect,
-  ``peat.export_repro`` writes that variant's regression test and pytest
+  runs the kernel on the variants of the first such site within
+  ``--fuzz_budget`` (every axis on the lattice, masks, magnitudes,
+  interleaved so the budget covers every family first): the fuzz verdict,
+  the family of the records that decided it and the variant that exposed
+  it (the first of them), which the fuzz shrinks to the smallest input
+  failing the same way; for a defect, ``peat.export_repro`` writes that
+  smallest input's regression test and pytest
   runs it twice in a subprocess, on the defect (as exported) and on its
   ``fixed`` twin (``PEAT_REPRO_KUT``, ``PEAT_REPRO_PATH=benchmarks/escape``):
   ``fails / passes`` is the expected outcome.
@@ -81,9 +83,26 @@ _JSON = flags.DEFINE_string("json", None, "Where the JSON goes (default: "
 _FUZZ = flags.DEFINE_bool(
     "fuzz", None, "Fuzz every row (--fuzz) or none (--nofuzz); default: the "
     "shape-gated defects and the controls.")
-_FUZZ_BUDGET = flags.DEFINE_integer(
-    "fuzz_budget", None, "At most this many variants a case (default: every "
-    "variant of the site).")
+_FUZZ_BUDGET = flags.DEFINE_string(
+    "fuzz_budget", "150s", "The fuzz budget of a case: N variants, or Ns "
+    "seconds (no variant starts after them), or 0 for every variant of the "
+    "site (hours: every axis on the lattice).")
+
+
+def fuzz_budget(text: str) -> dict:
+  """``peat.fuzz``'s budget arguments of ``--fuzz_budget``."""
+  t = text.strip()
+  try:
+    n = float(t[:-1]) if t.endswith("s") else int(t)
+  except ValueError:
+    raise SystemExit(f"error: --fuzz_budget={text!r}; expected N (variants), "
+                     "Ns (seconds) or 0 (all)") from None
+  if n < 0:
+    raise SystemExit(f"error: --fuzz_budget={text!r} is negative")
+  if not n:
+    return {}
+  return ({"budget_seconds": n} if t.endswith("s")
+          else {"budget_cases": int(n)})
 
 QUICK = ("input_zeroing", "batch_variant_split", "attention_gqa_modulo")
 #: The capture budget of ``peat.profile`` (one step's inputs of a kernel).
@@ -206,8 +225,7 @@ def _fuzz_decided(res) -> dict:
           "evidence": failing[0]["evidence"], "failing": failing}
 
 
-def run_fuzz(case, spec, golden: str, workdir: str,
-             budget: int | None) -> dict:
+def run_fuzz(case, spec, golden: str, workdir: str, budget: dict) -> dict:
   """``peat.profile`` (step 0's inputs of the case's site kernel) and
   ``peat.fuzz`` on every variant of its first site; the row's fuzz
   columns."""
@@ -224,13 +242,13 @@ def run_fuzz(case, spec, golden: str, workdir: str,
                        f"under {CAPTURE_BYTES} bytes: {prof.skipped[:3]}")
   site = min(prof.captured, key=lambda e: tuple(e["address"]))["site"]
   t1 = time.time()
-  res = peat.fuzz(camp, spec, task=task, select=[site], budget_cases=budget,
-                  seed=0)
+  res = peat.fuzz(camp, spec, task=task, select=[site], seed=0, **budget)
   out = {"site": site, "sites_captured": len({e["site"]
                                               for e in prof.captured}),
          "summary": res.summary, "planned": res.planned,
          "records": len(res.records), "errors": len(res.errors),
-         "skipped": res.skipped,
+         "skipped": res.skipped, "shrunk": res.shrunk,
+         "families": sorted({r["family"] for r in res.records}),
          "profile_seconds": round(t1 - t0, 1),
          "seconds": round(time.time() - t1, 1)}
   out.update(_fuzz_decided(res))
@@ -274,7 +292,11 @@ def run_repro(case, fuzz: dict, lib: str, golden: str, workdir: str
   folder = peat.export_repro(camp, site=fuzz["site"],
                              variant=fuzz["variant"],
                              task=_task(case.scenario))
-  out = {"folder": folder, "variant": fuzz["variant"]}
+  meta = peat.testing.load_repro(folder).meta
+  out = {"folder": folder, "variant": meta["variant"],
+         "found_as": meta.get("shrunk_from") or meta["variant"],
+         "shapes": meta["site"]["in_shapes"],
+         "original_shapes": meta.get("original_shapes")}
   for key, kut in (("bug", None), ("fix", case.fixed.format(lib=lib))):
     res = _pytest(folder, kut)
     with open(os.path.join(folder, f"pytest_{key}.txt"), "w",
@@ -308,7 +330,7 @@ def run_case(case, lib: str, goldens: dict, workdir: str) -> dict:
   row["fuzz"] = row["repro"] = None
   if _fuzzes(case):
     row["fuzz"] = run_fuzz(case, spec, goldens[case.scenario], workdir,
-                           _FUZZ_BUDGET.value)
+                           fuzz_budget(_FUZZ_BUDGET.value))
     if (case.kind == "defect" and case.fixed is not None
         and row["fuzz"]["variant"] is not None):
       row["repro"] = run_repro(case, row["fuzz"], lib,
@@ -339,8 +361,16 @@ def _fuzz_cells(r) -> tuple[str, str, str, str]:
   rep = r.get("repro")
   repro = (f"{rep['bug']['outcome']} / {rep['fix']['outcome']}"
            + ("" if _repro_ok(r) else " (!)")) if rep else "-"
+  if rep and rep.get("original_shapes"):  # exported at its smallest
+    repro += (f" at `{_shape(rep['shapes'])}` (found at "
+              f"`{_shape(rep['original_shapes'])}`)")
   return (f"**{f['verdict']}**", f"{fam} ({want})" + ("" if ok else " (!)"),
           variant, repro)
+
+
+def _shape(shapes) -> str:
+  """The first input's shape of a repro (``[1, 1, 1, 192]``)."""
+  return str(list(shapes[0])) if shapes else "-"
 
 
 def _training_family(r) -> str:

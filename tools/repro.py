@@ -15,7 +15,10 @@ with the real inputs of the record (``case.npz``), the golden kernel's
 outputs and their float64 reference beside them, the call
 (``case.json``), and ``test_repro.py``: it runs the KUT spec on the inputs
 and checks it with ``peat.testing.assert_matches_golden`` (the Detector's
-noise-floor rule), with no training run. Without ``--variant`` the record
+noise-floor rule), with no training run. A variant the fuzz shrank is
+exported at the smallest input that fails the same way, the variant as
+found recorded beside it (``--nosmallest``: as found). Without
+``--variant`` the record
 is the captured training call of ``--step``. The KUT is the record's
 (``--kut`` overrides it). When the record's golden kernel was the model's
 own composite function, the task flags (``--scenario`` ... or ``--task``)
@@ -47,6 +50,10 @@ _KUT = _cli.define_kut_flags(FLAGS, default=None)
 _FUZZ_SEED = flags.DEFINE_integer("fuzz_seed", None, "The fuzz seed "
                                   "(default: the record's).",
                                   flag_values=FLAGS)
+_SMALLEST = flags.DEFINE_bool(
+    "smallest", True, "Export the variant's shrunk form (the smallest input "
+    "the fuzz found failing the same way) when there is one; "
+    "--nosmallest: the variant as found.", flag_values=FLAGS)
 _OUT = flags.DEFINE_string("out", None, "The folder (default "
                            "<campaign>/repro/<site>_<variant>).",
                            flag_values=FLAGS)
@@ -69,11 +76,16 @@ def main(argv: list[str]) -> int:
     folder = peat.export_repro(
         directory, site=_SITE.value, step=_STEP.value,
         variant=_VARIANT.value, kut=kut, seed=_FUZZ_SEED.value, task=task,
-        out_dir=_OUT.value)
+        out_dir=_OUT.value, smallest=_SMALLEST.value)
   except (peat.PeatError, _cli.UsageError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(f"repro: {folder}")
+  meta = peat.testing.load_repro(folder).meta
+  if meta.get("shrunk_from"):
+    print(f"shrunk: {meta['variant']}, shapes {meta['site']['in_shapes']} "
+          f"(found as {meta['shrunk_from']}, shapes "
+          f"{meta['original_shapes']})")
   print(f"run: pytest {folder}  (PEAT_REPRO_KUT=<spec> to test another "
         "kernel, PEAT_REPRO_PATH=<dir> for its module)")
   return 0

@@ -270,6 +270,12 @@ class DetectorConfig:
   tiny_figure: float = _t(2.0 ** -126, FACT, """
       float32's smallest normal: a scale below it / u cannot carry a unit
       of roundoff (u x scale underflows).""")
+  underflow_factor: float = _t(2.0, FACT, """
+      at an underflowing scale errors are absolute: a kernel that flushes
+      subnormals (XLA on CPU does) is off by up to the working format's
+      smallest normal per element, one that keeps them by less; the KUT
+      is measured within 2x the larger of that and the golden kernel's
+      own distance to float64 (the golden is one such kernel).""")
 
 
 #: The Detector's thresholds by default.

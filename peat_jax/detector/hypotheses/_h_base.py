@@ -178,7 +178,13 @@ def within_truncation(f: Facts, bound: float) -> bool:
 
 def _truncates(f: Facts) -> bool:
   """The magnitude gate of a 16-bit record: below truncation_min_ratio x
-  the golden kernel's error it lost nothing to truncation."""
+  the golden kernel's error it lost nothing to truncation; and the
+  independence gate of a row-normalizing kernel: one row's elements share
+  its sum's rounding, so they move together and one-sidedness is read on
+  at least truncation_min_count differing rows."""
+  if f.ctx.normalizing and (np.count_nonzero(np.asarray(f.sig.row_ndiff))
+                            < f.cfg.truncation_min_count):
+    return False
   return (not f.has_ref or f.wide
           or not f.noise_ratio < f.cfg.truncation_min_ratio)
 

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from peat_jax import core as _core
 from peat_jax.detector.facts import Found, Unexplained
 from peat_jax.detector.facts import (
     FAULT_MODELS, PORT_MODELS, PRECISION_MODELS, Candidate, Diagnosis, Facts,
@@ -111,15 +112,35 @@ def unknown(f: Facts) -> Found:
                f.cfg.half)
 
 
+def within_underflow(f: Facts) -> bool:
+  """Whether the KUT, at an underflowing scale, is within
+  ``underflow_factor`` x the larger of the working format's smallest
+  normal and the golden kernel's own distance to float64 (absolute: no
+  relative figure is measured there)."""
+  if not f.has_ref:
+    return False
+  t = float(np.asarray(f.sig.ref_test_abs_max))
+  g = float(np.asarray(f.sig.ref_golden_abs_max))
+  tiny = _core.FORMATS[f.work].min_normal
+  return (math.isfinite(t) and t <= f.cfg.underflow_factor * max(
+      g if math.isfinite(g) else 0.0, tiny))
+
+
 def degenerate(f: Facts) -> list[str]:
   """The derived figures of a differing record that are degenerate (NaN,
   Inf, 0/0, a zero or underflowing scale), each as ``name value (why)``;
-  empty when every figure is measured."""
+  empty when every figure is measured. A zero or underflowing golden
+  scale is measured in absolute terms instead (:func:`within_underflow`):
+  not degenerate when the KUT is within it."""
   if not f.ndiff:
     return []
   out = []
   grms = f.golden_rms
-  if not math.isfinite(grms) or grms == 0.0:
+  underflowing = (not math.isfinite(grms) or grms == 0.0
+                  or grms * f.u < f.cfg.tiny_figure)
+  if underflowing and math.isfinite(grms) and within_underflow(f):
+    pass  # errors below the smallest normal: the format's, not the KUT's
+  elif not math.isfinite(grms) or grms == 0.0:
     out.append(f"golden RMS {grms:.3g} (a zero or non-finite scale)")
   elif grms * f.u < f.cfg.tiny_figure:
     out.append(f"golden RMS {grms:.3g} below tiny / u({f.work}) = "

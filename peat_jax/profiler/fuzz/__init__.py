@@ -12,6 +12,7 @@ reference and a pytest file, with no training run).
 
 from peat_jax.profiler.fuzz._fuzz import FuzzResult as FuzzResult
 from peat_jax.profiler.fuzz._fuzz import fuzz as fuzz
+from peat_jax.profiler.fuzz._fuzz import targets as targets
 from peat_jax.profiler.fuzz._variants import FAMILIES as FUZZ_FAMILIES
 from peat_jax.profiler.fuzz._repro import Repro as Repro
 from peat_jax.profiler.fuzz._repro import export_repro as export_repro

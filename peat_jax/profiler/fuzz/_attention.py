@@ -9,11 +9,17 @@ bottom-right ``s <= t + S - T``) or ``other``; a variant of other lengths
 gets a mask of the same structure: causal masks of q_len < kv_len are
 aligned bottom-right (the queries are the last T of S positions, as in
 decoding with a cache), of q_len > kv_len top-left; an ``other`` mask is
-cut or grown with q and k. Variants: ``batch``, q_len != kv_len both ways,
-``len=64`` or ``len=192`` (len % 128 == 64), lengths 127/128/129 (batch
-1), fully masked query rows (about one in eight, at least one), two packed
-sequences per row with a block-diagonal mask, fewer KV heads (H/2 and 1),
-head dims 64/128/256, and the ``magnitude``/``denormal`` ones of q.
+cut or grown with q and k.
+
+Axes on the lattice (``_lattice``): ``batch``, ``len`` (q and kv
+together), ``q_len`` and ``kv_len`` (length), ``heads`` (q's heads, k's and
+v's with them unless they are fewer: then a multiple of theirs) and
+``kv_heads`` (the divisors of H), ``head_dim`` (q, k and v); each length
+keeps ``H * T * S`` within :data:`SCORES` (batch cut first). Beside them:
+``q_len<kv_len`` and ``q_len>kv_len`` at half the length and two packed
+sequences per row with a block-diagonal mask (``attention``), fully masked
+query rows (about one in eight, at least one) and a key padding mask
+(``mask``), and the ``magnitude``/``denormal`` ones of q.
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ from typing import Sequence
 
 import numpy as np
 
+from peat_jax.profiler.fuzz import _lattice as L
 from peat_jax.profiler.fuzz import _variants as V
 
-_LENGTHS = (127, 128, 129)
+#: The most attention scores (``H * T * S`` of one batch row) a variant
+#: may make the golden kernel hold.
+SCORES = 1 << 24
 
 
 def mask_kind(mask: np.ndarray | None) -> str:
@@ -146,54 +155,140 @@ def _packed(p: _Parts, rng) -> V.Call:
                 np.broadcast_to(core, tuple(lead) + (t, s)).copy())
 
 
+def _padding(p: _Parts, rng) -> V.Call:
+  """Each batch row attends to the first ``L_b`` keys (``L_b`` seeded, one
+  row ``S - 1``), on top of the mask it had."""
+  b, t = p.q.shape[:2]
+  s = p.k.shape[1]
+  if p.mask is not None:
+    m = np.broadcast_to(np.asarray(p.mask, bool), np.broadcast_shapes(
+        p.mask.shape, (b, 1, t, s))).copy()
+  else:
+    core = causal(t, s) if p.kind == "implicit" else np.ones((t, s), bool)
+    m = np.broadcast_to(core, (b, 1, t, s)).copy()
+  keep = rng.integers(1, s + 1, size=(b, 1, 1, 1))
+  keep.reshape(-1)[0] = max(1, s - 1)
+  m &= np.arange(s) < keep
+  return p.call(p.q, p.k, p.v, m)
+
+
 def _heads(p: _Parts, hk: int, rng) -> V.Call:
-  idx = V.cut_index(p.k.shape[2], hk, rng)
-  return p.call(p.q, np.take(p.k, idx, axis=2), np.take(p.v, idx, axis=2),
-                p.mask)
+  q, k, v = p.q, p.k, p.v
+  k, v = V.resize([k, v], [2, 2], hk, rng)
+  return p.call(q, k, v, p.mask)
+
+
+def _q_heads(p: _Parts, h: int, rng) -> V.Call:
+  """q with ``h`` heads; k and v with it when they had as many as q."""
+  b, t = p.q.shape[:2]
+  s, hk = p.k.shape[1], p.k.shape[2]
+  q, k, v = p.q, p.k, p.v
+  if b * h * t * s > SCORES and b > 1:
+    q, k, v = V.resize([q, k, v], [0, 0, 0], max(1, SCORES // (h * t * s)),
+                       rng)
+  if hk == q.shape[2]:
+    q, k, v = V.resize([q, k, v], [2, 2, 2], h, rng)
+  else:
+    q = V.resize([q], [2], h, rng)[0]
+  return p.call(q, k, v, _fit_mask(p.mask, q.shape[0], h, rng))
+
+
+def _fit_mask(mask, b: int, h: int, rng):
+  """A mask whose batch and head axes fit ``b`` and ``h``."""
+  if mask is None or np.ndim(mask) < 4:
+    return mask
+  m = mask
+  for axis, n in ((0, b), (1, h)):
+    if m.shape[axis] not in (1, n):
+      m = V.resize([m], [axis], n, rng)[0]
+  return m
 
 
 def _head_dim(p: _Parts, d: int, rng) -> V.Call:
   q, k = V.resize([p.q, p.k], [3, 3], d, rng)
   v = V.resize([p.v], [3], d, rng)[0]
-  return p.call(q, k, v, p.mask)
+  b = q.shape[0]
+  per = int(np.prod(q.shape[1:]))
+  if b > 1 and b * per > V.MAX_ELEMENTS:
+    n = max(1, V.MAX_ELEMENTS // per)
+    q, k, v = V.resize([q, k, v], [0, 0, 0], n, rng)
+  return p.call(q, k, v, _fit_mask(p.mask, q.shape[0], q.shape[2], rng))
 
 
-def plans(base: V.Call, golden) -> list[V.Plan]:
+def _fit_lengths(p: _Parts, t: int, s: int) -> int | None:
+  """The batch that keeps ``B * H * t * s`` within :data:`SCORES`
+  (None: the call's own)."""
+  b, h = p.q.shape[0], p.q.shape[2]
+  if b * h * t * s <= SCORES:
+    return None
+  return max(1, SCORES // (h * t * s))
+
+
+def _length_axis(call: V.Call, name: str) -> L.Axis:
+  """``len`` (q and kv), ``q_len`` or ``kv_len``."""
+  p0 = _Parts(call)
+  t0, s0, h = p0.q.shape[1], p0.k.shape[1], p0.q.shape[2]
+
+  def set_(c: V.Call, n: int, rng) -> V.Call:
+    p = _Parts(c)
+    t, s = p.q.shape[1], p.k.shape[1]
+    t = n if name in ("len", "q_len") else t
+    s = n if name in ("len", "kv_len") else s
+    return _lengths(p, t, s, rng, b=_fit_lengths(p, t, s))
+  size = {"len": t0, "q_len": t0, "kv_len": s0}[name]
+  other = {"len": 1, "q_len": s0, "kv_len": t0}[name]
+  longest = int(np.sqrt(SCORES // h)) if name == "len" else SCORES // (
+      h * other)
+  return L.Axis(name, "length", size, set_, min(longest, L.LONGEST))
+
+
+def axes(call: V.Call) -> list[L.Axis]:
+  """The lattice axes of an attention call (module docstring)."""
+  p = _Parts(call)
+  b, t, h, d = p.q.shape
+  s, hk = p.k.shape[1], p.k.shape[2]
+
+  def set_batch(c, n, rng):
+    pc = _Parts(c)
+    return _lengths(pc, pc.q.shape[1], pc.k.shape[1], rng, b=n)
+  out = [L.Axis("batch", "batch", b, set_batch,
+                max(1, min(L.LONGEST, SCORES // (h * t * s))))]
+  if t == s:
+    out.append(_length_axis(call, "len"))
+  out += [_length_axis(call, "q_len"), _length_axis(call, "kv_len")]
+  gqa = hk != h
+  out.append(L.Axis("heads", "heads", h,
+                    lambda c, n, rng: _q_heads(_Parts(c), n, rng),
+                    max(1, min(L.LONGEST, SCORES // (t * s))),
+                    (lambda n: n % hk == 0) if gqa else None))
+  out.append(L.Axis("kv_heads", "heads", hk,
+                    lambda c, n, rng: _heads(_Parts(c), n, rng), h,
+                    choices=tuple(n for n in range(1, h + 1) if h % n == 0)))
+  out.append(L.Axis("head_dim", "head_dim", d,
+                    lambda c, n, rng: _head_dim(_Parts(c), n, rng), 1 << 12))
+  return out
+
+
+def plans(base: V.Call, golden, seed: int = 0) -> list[V.Plan]:
   """The plans of an attention call (module docstring)."""
   p = _Parts(base)
-  b, t, h, _ = p.q.shape
-  s, hk = p.k.shape[1], p.k.shape[2]
-  out: list[V.Plan] = []
-  for n in (1, 3, 7):
-    if n != b:
-      out.append(V.Plan(f"batch={n}", "batch",
-                        lambda rng, n=n: _lengths(p, t, s, rng, b=n)))
+  t, s = p.q.shape[1], p.k.shape[1]
+  ax = axes(base)
+  out = L.axis_plans(base, ax, lambda name: V.rng_of(
+      seed, f"{name}:{next(a.size for a in ax if a.name == name)}",
+      "lattice"))
   if t > 1:
     out.append(V.Plan("q_len<kv_len", "attention",
                       lambda rng: _lengths(p, max(1, t // 2), s, rng)))
   if s > 1:
     out.append(V.Plan("q_len>kv_len", "attention",
                       lambda rng: _lengths(p, t, max(1, s // 2), rng)))
-  n64 = 64 if t != 64 else 192
-  out.append(V.Plan(f"len={n64}", "attention",
-                    lambda rng: _lengths(p, n64, n64, rng)))
-  out.append(V.Plan("masked_rows", "attention",
-                    lambda rng: _masked_rows(p, rng)))
   if t == s and t >= 4:
     out.append(V.Plan("packed=2", "attention", lambda rng: _packed(p, rng)))
-  for n in sorted({hk // 2, 1}, reverse=True):
-    if 1 <= n < hk and h % n == 0:
-      out.append(V.Plan(f"kv_heads={n}", "attention",
-                        lambda rng, n=n: _heads(p, n, rng)))
-  for d in (64, 128, 256):
-    if d != p.q.shape[3]:
-      out.append(V.Plan(f"head_dim={d}", "attention",
-                        lambda rng, d=d: _head_dim(p, d, rng)))
-  for n in _LENGTHS:
-    if n not in (t, s):
-      out.append(V.Plan(f"len={n}", "length",
-                        lambda rng, n=n: _lengths(p, n, n, rng, b=1)))
+  out.append(V.Plan("masked_rows", "mask", lambda rng: _masked_rows(p, rng)))
+  if s > 1:
+    out.append(V.Plan("mask=padding", "mask", lambda rng: _padding(p, rng)))
   return out + V.magnitude_plans(base, golden, linear=False)
 
 
-__all__: Sequence[str] = ["causal", "mask_kind", "plans"]
+__all__: Sequence[str] = ["axes", "causal", "mask_kind", "plans"]

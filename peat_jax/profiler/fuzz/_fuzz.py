@@ -53,6 +53,7 @@ from peat_jax.profiler import playback_fi as _playback_fi
 from peat_jax.profiler import capture as io
 from peat_jax.profiler.fuzz import _attention
 from peat_jax.profiler.fuzz import _goldens
+from peat_jax.profiler.fuzz import _shrink
 from peat_jax.profiler.fuzz import _variants as V
 
 FUZZ_FILE = _files.FUZZ_FILE
@@ -74,6 +75,9 @@ class FuzzResult(NamedTuple):
       kernel refuses the variant) or over the budget.
     seconds: this call's wall time.
     path: ``fuzz.msgpack``.
+    shrunk: per site shrunk by this call, ``{"site", "variant" (the
+      shrunk one), "shrunk_from", "shapes", "original_shapes", "tries",
+      "seconds"}``.
   """
 
   records: list
@@ -85,6 +89,7 @@ class FuzzResult(NamedTuple):
   skipped: list
   seconds: float
   path: str
+  shrunk: list = []
 
 
 class Target(NamedTuple):
@@ -120,15 +125,17 @@ def base_call(site: _sites.Site, params: dict, inputs: Sequence) -> V.Call:
 
 def plans_of(site: _sites.Site, base: V.Call, golden: _goldens.Golden,
              families: Sequence[str] | None = None,
-             variants: Sequence[str] | None = None) -> list[V.Plan]:
-  """A site's plans, interleaved over families (``families`` and
-  ``variants``, names, narrow them)."""
+             variants: Sequence[str] | None = None,
+             seed: int = 0) -> list[V.Plan]:
+  """A site's plans, interleaved over families and axes (``families``
+  and ``variants``, names, narrow them; ``seed`` draws the lattice's
+  random lengths)."""
   if site.composite and site.kernel == "attention":
-    plans = _attention.plans(base, golden.first)
+    plans = _attention.plans(base, golden.first, seed)
   elif site.composite:
-    plans = V.composite_plans(site.kernel, base, golden.first)
+    plans = V.composite_plans(site.kernel, base, golden.first, seed)
   else:
-    plans = V.primitive_plans(site.kernel, base, golden.first)
+    plans = V.primitive_plans(site.kernel, base, golden.first, seed)
   if families is not None:
     plans = [p for p in plans if p.family in families]
   if variants is not None:
@@ -142,7 +149,8 @@ def targets(source: str | os.PathLike, kut_spec, *,
             phase: str | Sequence[str] | None = "fwd",
             steps: Sequence[int] | None = None,
             families: Sequence[str] | None = None,
-            variants: Sequence[str] | None = None) -> list[Target]:
+            variants: Sequence[str] | None = None,
+            seed: int = 0) -> list[Target]:
   """The selected sites (earliest captured step each) and their plans.
 
   Raises:
@@ -170,16 +178,23 @@ def targets(source: str | os.PathLike, kut_spec, *,
     golden = _goldens.Golden(site, params, own.get(e["site"]))
     base = base_call(site, params, inputs)
     out.append(Target(e, site, base, golden,
-                      plans_of(site, base, golden, families, variants), cdir))
+                      plans_of(site, base, golden, families, variants, seed),
+                      cdir))
   return out
 
 
 def build(target: Target, name: str, seed: int) -> V.Call:
-  """Rebuilds one variant of a target by name (``peat.export_repro``).
+  """Rebuilds one variant of a target by name (``peat.export_repro``);
+  a shrunk one (``min:<variant>:<cuts>``) from its original.
 
   Raises:
     PeatError: no such variant for the site (naming those it has).
   """
+  if name.startswith(_shrink.PREFIX):
+    original, _ = _shrink.parse(name)
+    return _shrink.rebuild(target.site.kernel, target.site.composite,
+                           target.site.name, build(target, original, seed),
+                           name, seed)
   for p in target.plans:
     if p.name == name:
       return p.make(V.rng_of(seed, target.site.name, name))
@@ -229,7 +244,9 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
   except (PeatError, TypeError, ValueError) as e:
     return None, None, f"not applicable: {str(e).splitlines()[0][:200]}"
   tag = {"site": site.name, "variant": plan.name, "family": plan.family,
-         "step": target.entry["step"], "seed": seed, "kut": spec.spec}
+         "step": target.entry["step"], "seed": seed, "kut": spec.spec,
+         "shapes": [list(np.shape(x)) for x in (
+             _arrays(call) if site.composite else call.args)]}
   try:
     test, params = run_kut(spec, site, call)
   except Exception as e:  # pylint: disable=broad-except
@@ -318,7 +335,8 @@ def fuzz(source: str | os.PathLike, kut_spec, *,
          families: Sequence[str] | None = None,
          variants: Sequence[str] | None = None,
          campaign_dir: str | os.PathLike | None = None,
-         progress: Callable[[str], None] | None = None) -> FuzzResult:
+         progress: Callable[[str], None] | None = None,
+         shrink: bool = True) -> FuzzResult:
   """Runs a KUT on variants of its sites' captured real inputs.
 
   >>> peat.profile(task, "runs/c1", capture_kernel="softmax",
@@ -347,6 +365,10 @@ def fuzz(source: str | os.PathLike, kut_spec, *,
     campaign_dir: where ``fuzz.msgpack`` goes (default: the captures'
       campaign).
     progress: called with one line per variant.
+    shrink: shrink the worst failing variant of each site (at most
+      :data:`SHRINK_SITES` sites, :data:`SHRINK_SECONDS` each) to the
+      smallest input that fails the same way (module ``_shrink``); the
+      shrunk record joins ``fuzz.msgpack`` with ``shrunk_from``.
 
   Returns:
     A :class:`FuzzResult`.
@@ -371,7 +393,8 @@ def fuzz(source: str | os.PathLike, kut_spec, *,
   os.makedirs(campaign, exist_ok=True)
   path = os.path.join(campaign, FUZZ_FILE)
   tgts = targets(cdir, kut, task=task, select=select, phase=phase,
-                 steps=steps, families=families, variants=variants)
+                 steps=steps, families=families, variants=variants,
+                 seed=seed)
   order = _order(tgts)
   mine = lambda r: r.get("kut") == kut.name and r.get("seed") == seed  # noqa: E731
   done = {(r["site"], r["variant"]) for r in _files.read_records(path)
@@ -409,8 +432,78 @@ def fuzz(source: str | os.PathLike, kut_spec, *,
   names = {t.site.name for t in tgts}
   stored = [r for r in _files.read_records(path)
             if mine(r) and r.get("site") in names]
+  shrunk = []
+  if shrink:
+    shrunk = shrink_failures(tgts, stored, spec._replace(spec=kut.name),
+                             seed, path, say)
+    if shrunk:
+      stored = [r for r in _files.read_records(path)
+                if mine(r) and r.get("site") in names]
   records = [r for r in stored if r.get("kind") == "site"]
   errors = [r for r in stored if r.get("kind") == "fuzz_error"]
   v, summary = verdict_of(records, errors)
   return FuzzResult(records, errors, v, summary, len(order), ran, skipped,
-                    round(time.perf_counter() - t0, 3), path)
+                    round(time.perf_counter() - t0, 3), path, shrunk)
+
+
+#: Sites one :func:`fuzz` call shrinks a failure of, at most.
+SHRINK_SITES = 4
+#: Seconds one shrink may take (it stops starting runs after them).
+SHRINK_SECONDS = 90.0
+_RANK = {"fuzz_error": 3, "fail": 2, "warn": 1}
+
+
+def _rank(r: dict) -> int:
+  if r.get("kind") == "fuzz_error":
+    return _RANK["fuzz_error"]
+  return _RANK.get(r["diagnosis"]["verdict"], 0)
+
+
+def _worst(stored: Sequence[dict], site: str) -> dict | None:
+  """A site's worst failing record not shrunk yet (None: none, or one
+  is shrunk already)."""
+  mine = [r for r in stored if r.get("site") == site]
+  if any(r.get("shrunk_from") for r in mine):
+    return None
+  failing = [r for r in mine if _rank(r) > 0]
+  return max(failing, key=_rank) if failing else None
+
+
+def shrink_failures(tgts: Sequence[Target], stored: Sequence[dict],
+                    spec: _kut.KutSpec, seed: int, path: str,
+                    say: Callable[[str], None]) -> list[dict]:
+  """Shrinks the worst failing variant of each target (module
+  ``_shrink``) and appends the shrunk records to ``path``."""
+  out = []
+  for t in tgts:
+    if len(out) >= SHRINK_SITES:
+      break
+    first = _worst(stored, t.site.name)
+    if first is None or first["variant"].startswith(_shrink.PREFIX):
+      continue
+    plan = next((p for p in t.plans if p.name == first["variant"]), None)
+    if plan is None:
+      continue
+    call = plan.make(V.rng_of(seed, t.site.name, plan.name))
+
+    def run(name, c, t=t, plan=plan):
+      rec, finding, _ = variant_record(
+          t, V.Plan(name, plan.family, lambda rng: c), spec, seed)
+      return rec or finding
+    got = _shrink.shrink(t.site.kernel, t.site.composite, t.site.name, call,
+                         first["variant"], first, run, seed,
+                         max_seconds=SHRINK_SECONDS)
+    if got.name == first["variant"]:
+      say(f"shrink {t.site.name} {first['variant']}: no smaller input fails "
+          f"the same way ({got.tries} tries, {got.seconds:.1f} s)")
+      continue
+    rec = dict(got.outcome, shrunk_from=first["variant"],
+               original_shapes=first.get("shapes"), shrink_tries=got.tries)
+    _files.append_records(path, [rec])
+    out.append({"site": t.site.name, "variant": got.name,
+                "shrunk_from": first["variant"], "shapes": rec.get("shapes"),
+                "original_shapes": first.get("shapes"), "tries": got.tries,
+                "seconds": got.seconds})
+    say(f"shrink {t.site.name} {first['variant']} -> {got.name}: shapes "
+        f"{rec.get('shapes')} ({got.tries} tries, {got.seconds:.1f} s)")
+  return out

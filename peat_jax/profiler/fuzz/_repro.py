@@ -162,8 +162,15 @@ def export_repro(campaign_dir: str | os.PathLike, *, site: str,
                  step: int | None = None, variant: str | None = None,
                  kut: str | None = None, seed: int | None = None,
                  task: _golden.TrainTask | None = None,
-                 out_dir: str | os.PathLike | None = None) -> str:
+                 out_dir: str | os.PathLike | None = None,
+                 smallest: bool = True) -> str:
   """Writes a regression test of one record: inputs, golden, pytest file.
+
+  A fuzz variant the fuzz shrank (``peat.fuzz(..., shrink=True)``) is
+  exported at its smallest failing input (``min:<variant>:<cuts>``), the
+  original variant and its shapes recorded beside it in ``case.json``
+  (``shrunk_from``, ``original_shapes``); ``smallest=False`` exports the
+  variant as found.
 
   >>> d = peat.export_repro("runs/c1", site="fwd/Gpt/.../softmax:0",
   ...                       variant="len=64")        # doctest: +SKIP
@@ -181,6 +188,7 @@ def export_repro(campaign_dir: str | os.PathLike, *, site: str,
     task: the task the captures come from (needed when the record's golden
       kernel was the site's own function).
     out_dir: the folder (default ``<campaign>/repro/<site>_<variant>``).
+    smallest: export the shrunk variant of ``variant`` when there is one.
 
   Returns:
     The folder's path.
@@ -192,8 +200,14 @@ def export_repro(campaign_dir: str | os.PathLike, *, site: str,
   campaign = os.path.abspath(os.fspath(campaign_dir))
   rec = None
   if variant is not None:
-    rec = _find(os.path.join(campaign, _files.FUZZ_FILE), site, step,
-                variant, kut, seed)
+    path = os.path.join(campaign, _files.FUZZ_FILE)
+    rec = _find(path, site, step, variant, kut, seed)
+    small = [r for r in _files.read_records(path) if smallest
+             and r.get("shrunk_from") == variant and r.get("site") == site
+             and r.get("kut") == rec.get("kut")
+             and r.get("seed") == rec.get("seed")]
+    if small:
+      rec, variant = small[-1], small[-1]["variant"]
   else:
     path = os.path.join(campaign, _files.OPS_FILE)
     if os.path.exists(path) and kut is None:
@@ -243,7 +257,9 @@ def export_repro(campaign_dir: str | os.PathLike, *, site: str,
   ref = _playback_fi.site_reference(vsite, rec_params, ins)
   if isinstance(ref, (list, tuple)):
     ref = ref[0]
-  name = _safe(f"{site}_" + (variant or f"step{entry['step']}"))
+  name = _safe(f"{site}_" + (((rec or {}).get("shrunk_from", "") + "_min")
+                             if (rec or {}).get("shrunk_from") else
+                             (variant or f"step{entry['step']}")))
   folder = os.path.abspath(os.fspath(out_dir or os.path.join(
       campaign, _files.REPRO_DIR, name)))
   os.makedirs(folder, exist_ok=True)
@@ -257,6 +273,8 @@ def export_repro(campaign_dir: str | os.PathLike, *, site: str,
   diag = (rec or {}).get("diagnosis") or {}
   meta = {"format": FORMAT, "kut": kut, "site": io.site_fields(vsite),
           "call": _structure(s, call), "variant": variant,
+          "shrunk_from": (rec or {}).get("shrunk_from"),
+          "original_shapes": (rec or {}).get("original_shapes"),
           "step": entry["step"], "seed": seed, "golden_from": frm,
           "dtypes": {k: str(np.asarray(v).dtype) for k, v in npz.items()},
           "context": {"kernel": s.kernel,
@@ -272,6 +290,10 @@ def export_repro(campaign_dir: str | os.PathLike, *, site: str,
   text = _TEST.format(
       kut=kut, site=site, kernel=s.kernel,
       where=(f"on fuzz variant {variant} of step {entry['step']}'s inputs"
+             + (f"\n    (the smallest input failing as "
+                f"{rec['shrunk_from']} did, shapes "
+                f"{rec.get('original_shapes')})"
+                if (rec or {}).get("shrunk_from") else "")
              if variant else f"at training step {entry['step']}"),
       golden_from={"primitive": "the lax primitive",
                    "site": "the model's own function"}.get(

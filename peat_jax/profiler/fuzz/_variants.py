@@ -8,107 +8,52 @@ zeros). Masks and positions are regenerated with the structure they had
 (a causal mask stays causal, positions stay ``arange``). Every variant is
 built by its own generator, seeded from ``(seed, site, variant name)``:
 the same variant is the same arrays in any order, any process, and
-:func:`build` rebuilds one by name (``peat.export_repro``).
+:func:`peat_jax.profiler.fuzz.build` rebuilds one by name
+(``peat.export_repro``).
 
-Families (``Plan.family``) and what each tries, per site kernel:
+Every axis of every operand a site's kernel has is varied on the lattice
+of :mod:`._lattice` (1, 2, 3, and ``2^j - 1``, ``2^j``, ``2^j + 1``,
+``2^j + 2^(j-1)`` up to 2^16, plus seeded draws); a variant is named
+``<axis>=<length>``. Axes and families (``Plan.family``), per kernel:
 
-| family | variants |
+| kernel | axes (family) |
 | --- | --- |
-| ``batch`` | the leading batch axis at 1, 3 and 7 (odd, prime) |
-| ``rows`` | one row: every row axis 1 (a GEMV path for ``dot_general``) |
-| ``length`` | the reduction / normalized / sequence axis at each multiple of 8, 16, 32, 64, 128, 4096 and one either side, 2^14 and one either side, 2^16 (rows cut to fit :data:`MAX_ELEMENTS`), and 2^20 for one row |
-| ``attention`` | q_len < kv_len and q_len > kv_len (causal masks aligned bottom-right), len % 128 == 64, fully masked query rows, two packed sequences per row with a block-diagonal causal mask, fewer KV heads (H/2, 1), head dims 64/128/256 |
-| ``magnitude`` | the first input scaled by 2^k, k up to the golden dtype's overflow edge (the largest k, of a few, whose golden output stays finite) |
-| ``denormal`` | the first input scaled into the subnormal range of its dtype |
+| ``dot_general`` | ``batch`` (batch), ``m`` (rows: the output's rows), ``len`` (length: the contraction), ``n`` (features: the output's columns); more of a kind are numbered by their axis (``m1``, ``k2``, ``n3``) |
+| convolutions | ``batch``, ``len`` (input channels), ``channels`` (features: output channels), ``spatial<i>`` and ``window<i>`` (spatial) |
+| reductions | ``batch`` and ``rows<a>`` (the kept axes), ``len`` (the reduced axis) |
+| elementwise, ``softmax``, ``log_softmax``, ``gelu``, ``silu``, ``layer_norm``, ``rms_norm`` | ``batch``, ``rows<a>``, ``len`` (the last axis; a layer norm's scale and bias with it) |
+| ``cross_entropy`` | ``batch``, ``rows<a>``, ``len`` (the classes; labels follow their class) |
+| ``rope`` | ``batch``, ``len`` (positions follow), ``heads``, ``head_dim`` (even) |
+| ``attention`` | ``batch``, ``len`` (q and kv), ``q_len``, ``kv_len`` (length), ``heads``, ``kv_heads`` (heads), ``head_dim`` (module ``_attention``) |
+
+and beside them: ``rows=1`` (every row axis 1: a GEMV path), ``len=1048576``
+(one row of 2^20, row-wise kernels), the ``mask`` family (softmax sites:
+padding, fully masked rows, causal with q_len != kv_len, module
+``_masks``; attention sites: module ``_attention``), the ``attention``
+family (q_len != kv_len, packed sequences), ``magnitude`` (the first input
+scaled by 2^k up to the golden dtype's overflow edge) and ``denormal``
+(scaled into the subnormal range).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
-import ml_dtypes
 import numpy as np
 
 from peat_jax.core import PeatError
+from peat_jax.profiler.fuzz import _lattice as L
+from peat_jax.profiler.fuzz import _masks
+from peat_jax.profiler.fuzz._calls import (  # noqa: F401  (the module's API)
+    Call, MAX_ELEMENTS, Plan, cut_index, draw, finfo, is_float, resize,
+    rng_of, set_axis)
+from peat_jax.profiler.fuzz._lattice import FAMILIES, interleave, lattice  # noqa: F401
 
-#: Largest input of a variant, in elements (rows are cut to fit).
-MAX_ELEMENTS = 1 << 22
-#: The families, in the order a site's plans interleave them.
-FAMILIES = ("batch", "rows", "length", "attention", "magnitude", "denormal")
-_MULTIPLES = (8, 16, 32, 64, 128, 4096)
-_BATCHES = (1, 3, 7)
-_HEAD_DIMS = (64, 128, 256)
-
-
-class Call(NamedTuple):
-  """A site call: positional arguments and keyword arguments.
-
-  For a primitive site ``args`` are its input arrays and ``kwargs`` its
-  parameters; for a composite site they are the arguments of the KUT
-  convention (arrays and static values).
-  """
-
-  args: tuple
-  kwargs: dict
-
-
-class Plan(NamedTuple):
-  """One variant, not yet built.
-
-  Attributes:
-    name: the variant's name, unique within a site (``"len=4097"``).
-    family: one of :data:`FAMILIES`.
-    make: ``make(rng) -> Call``: builds the variant's call.
-  """
-
-  name: str
-  family: str
-  make: Callable[[np.random.Generator], Call]
-
-
-def rng_of(seed: int, site: str, name: str) -> np.random.Generator:
-  """The generator of one variant (stable across processes)."""
-  return np.random.default_rng(
-      [int(seed), zlib.crc32(site.encode()), zlib.crc32(name.encode())])
-
-
-def _is_float(x) -> bool:
-  return isinstance(x, np.ndarray) and np.issubdtype(
-      x.dtype, np.floating) or (isinstance(x, np.ndarray)
-                                and x.dtype == ml_dtypes.bfloat16)
-
-
-def draw(x: np.ndarray, shape, rng: np.random.Generator) -> np.ndarray:
-  """Values drawn (with replacement) from ``x``'s own values."""
-  flat = x.reshape(-1)
-  return flat[rng.integers(0, flat.size, size=tuple(shape))]
-
-
-def cut_index(length: int, n: int, rng: np.random.Generator) -> np.ndarray:
-  """``n`` of ``range(length)``, seeded, in order (``n <= length``)."""
-  return np.sort(rng.choice(length, size=n, replace=False))
-
-
-def resize(xs: Sequence[np.ndarray], axes: Sequence[int], n: int,
-           rng: np.random.Generator) -> list[np.ndarray]:
-  """Arrays whose coupled axes (one per array) cut or grown to ``n``.
-
-  A cut keeps the same real slices of every array; a growth keeps all of
-  them and fills the new positions of each array with its own values.
-  """
-  length = xs[0].shape[axes[0]]
-  if n <= length:
-    idx = cut_index(length, n, rng)
-    return [np.take(x, idx, axis=a) for x, a in zip(xs, axes)]
-  out = []
-  for x, a in zip(xs, axes):
-    shape = list(x.shape)
-    shape[a] = n - length
-    out.append(np.concatenate([x, draw(x, shape, rng)], axis=a))
-  return out
+#: One row of this length: the ``length`` family's extra for row-wise
+#: kernels (past 2^16, where a kernel's blocking of a row changes).
+ONE_ROW = 1 << 20
 
 
 def scaled(x: np.ndarray, k: int) -> np.ndarray:
@@ -118,99 +63,10 @@ def scaled(x: np.ndarray, k: int) -> np.ndarray:
   values stay as they are: a scaled fill is no mask any more (the lowest
   float32 times 2^-129 is -0.5, a weight of its own in a softmax)."""
   x64 = x.astype(np.float64)
-  keep = ~np.isfinite(x64) | (np.abs(x64) >= float(_finfo(x.dtype).max) / 2)
+  keep = ~np.isfinite(x64) | (np.abs(x64) >= float(finfo(x.dtype).max) / 2)
   with np.errstate(over="ignore"):
     out = (x64 * math.ldexp(1.0, k)).astype(x.dtype)
   return np.where(keep, x, out)
-
-
-def _finfo(dtype):
-  return ml_dtypes.finfo(dtype)
-
-
-def length_ladder(current: int) -> list[int]:
-  """The ``length`` family's sizes, without the current one."""
-  sizes = []
-  for m in _MULTIPLES:
-    sizes += [m - 1, m, m + 1]
-  sizes += [(1 << 14) - 1, 1 << 14, (1 << 14) + 1, 1 << 16, 1 << 20]
-  return [s for s in dict.fromkeys(sizes) if s != current and s >= 1]
-
-
-def _fit(rows: int, per_row: int) -> int:
-  """Rows that fit :data:`MAX_ELEMENTS` with ``per_row`` elements each."""
-  return max(1, min(rows, MAX_ELEMENTS // max(per_row, 1)))
-
-
-# --------------------------------------------------------------- helpers
-
-
-def _set_axis(call: Call, where: Sequence[tuple[int, int]], n: int,
-              rng) -> Call:
-  """``call`` with the coupled axes ``where`` ((arg, axis) pairs) at n."""
-  args = list(call.args)
-  xs = resize([args[i] for i, _ in where], [a for _, a in where], n, rng)
-  for (i, _), x in zip(where, xs):
-    args[i] = x
-  return Call(tuple(args), call.kwargs)
-
-
-def _fit_rows(call: Call, length: Sequence[tuple[int, int]], n: int,
-              rows: Sequence[Sequence[tuple[int, int]]], rng) -> Call:
-  """Cuts row axes (outermost first) so that every input of the coupled
-  length axes fits :data:`MAX_ELEMENTS` once that axis is ``n`` long."""
-  for where in rows:
-    i, a = where[0]
-    for j, b in length:
-      if i != j:
-        continue
-      x = call.args[j]
-      after = x.size // x.shape[b] * n
-      if after > MAX_ELEMENTS and x.shape[a] > 1:
-        m = max(1, x.shape[a] // -(-after // MAX_ELEMENTS))
-        call = _set_axis(call, where, m, rng)
-  return call
-
-
-def _length_plans(base: Call, length: Sequence[tuple[int, int]],
-                  rows: Sequence[Sequence[tuple[int, int]]],
-                  longest: int = 1 << 20) -> list[Plan]:
-  """``length`` plans of the coupled axes ``length`` up to ``longest``;
-  rows cut to fit (every row axis 1 for 2^20)."""
-  i0, a0 = length[0]
-  current = base.args[i0].shape[a0]
-  plans = []
-  for n in [m for m in length_ladder(current) if m <= longest]:
-    def make(rng, n=n):
-      call = base
-      if n >= 1 << 20:  # one row
-        for where in rows:
-          call = _set_axis(call, where, 1, rng)
-      call = _fit_rows(call, length, n, rows, rng)
-      return _set_axis(call, length, n, rng)
-    plans.append(Plan(f"len={n}", "length", make))
-  return plans
-
-
-def _batch_plans(base: Call, batch: Sequence[tuple[int, int]] | None,
-                 rows: Sequence[Sequence[tuple[int, int]]] = ()
-                 ) -> list[Plan]:
-  plans = []
-  if batch:
-    i0, a0 = batch[0]
-    current = base.args[i0].shape[a0]
-    for n in _BATCHES:
-      if n != current:
-        plans.append(Plan(f"batch={n}", "batch",
-                          lambda rng, n=n: _set_axis(base, batch, n, rng)))
-  if rows and any(base.args[w[0][0]].shape[w[0][1]] != 1 for w in rows):
-    def one(rng):
-      call = base
-      for where in rows:
-        call = _set_axis(call, where, 1, rng)
-      return call
-    plans.append(Plan("rows=1", "rows", one))
-  return plans
 
 
 def magnitude_plans(base: Call, golden: Callable[[Call], Any],
@@ -228,9 +84,9 @@ def magnitude_plans(base: Call, golden: Callable[[Call], Any],
     zero).
   """
   x = base.args[0] if base.args else None
-  if not _is_float(x):
+  if not is_float(x):
     return []
-  fi = _finfo(x.dtype)
+  fi = finfo(x.dtype)
   fx = np.abs(x.astype(np.float64))
   # Mask fills (the format's max) and non-finite values set no scale.
   fx = fx[np.isfinite(fx) & (fx < float(fi.max) / 2) & (fx > 0)]
@@ -273,105 +129,253 @@ def _first(out):
   return jax.tree.leaves(out)[0]
 
 
-# ------------------------------------------------------------ per kernel
+# ------------------------------------------------------------ the axes
 
 
-def _dot_general(base: Call) -> tuple[list, list, list]:
-  lhs, rhs = base.args[:2]
-  (lc, rc), (lb, rb) = base.kwargs["dimension_numbers"]
+class _Named:
+  """Axes of a call, named and ordered by the order they are cut to fit
+  (``order``: lower first; the varied axis is never cut)."""
+
+  def __init__(self, call: Call):
+    self.call = call
+    self.groups: list[tuple[str, str, list, int, Any, int]] = []
+    #: Axes whose setting is not a plain cut or growth (by name).
+    self.custom: dict[str, L.Axis] = {}
+
+  def add(self, name, family, where, order, longest=L.LONGEST, valid=None):
+    self.groups.append((name, family, list(where), order, valid, longest))
+
+  def axes(self) -> list[L.Axis]:
+    out = []
+    for name, family, where, _, valid, longest in self.groups:
+      if name in self.custom:
+        out.append(self.custom[name])
+        continue
+      others = [w for n, _, w, _, _, _ in sorted(self.groups,
+                                                key=lambda g: g[3])
+                if n != name]
+      out.append(L.coupled(name, family, self.call, where, others, longest,
+                           valid))
+    return out
+
+
+def _row_names(axes: Sequence[int]) -> list[tuple[str, str]]:
+  """``batch`` for the first row axis, ``rows<a>`` for the others."""
+  return [("batch", "batch") if k == 0 else (f"rows{a}", "rows")
+          for k, a in enumerate(axes)]
+
+
+def _dot_axes(call: Call) -> _Named:
+  lhs, rhs = call.args[:2]
+  (lc, rc), (lb, rb) = call.kwargs["dimension_numbers"]
   free_l = [a for a in range(lhs.ndim) if a not in lc and a not in lb]
   free_r = [a for a in range(rhs.ndim) if a not in rc and a not in rb]
-  rows = [[(0, a)] for a in free_l]
-  batch = [(0, lb[0]), (1, rb[0])] if lb else (rows[0] if rows else None)
-  length = ([(0, lc[-1]), (1, rc[-1])] if lc else None)
-  cols = [[(1, a)] for a in free_r]
-  return batch, rows + cols, length
+  g = _Named(call)
+  for k, (a, b) in enumerate(zip(lb, rb)):
+    g.add("batch" if k == 0 else f"batch{a}", "batch", [(0, a), (1, b)], 0)
+  for k, a in enumerate(free_l):
+    if not lb and k == 0 and len(free_l) > 1:
+      g.add("batch", "batch", [(0, a)], 0)
+    else:
+      g.add("m" if a == free_l[-1] else f"m{a}", "rows", [(0, a)], 1)
+  for k, (a, b) in enumerate(zip(lc, rc)):
+    last = k == len(lc) - 1
+    g.add("len" if last else f"k{a}", "length", [(0, a), (1, b)],
+          4 if last else 3)
+  for b in free_r:
+    g.add("n" if b == free_r[-1] else f"n{b}", "features", [(1, b)], 2)
+  return g
 
 
-def _conv(base: Call) -> tuple[list, list, list]:
-  dn = base.kwargs["dimension_numbers"]
+def _conv_axes(call: Call) -> _Named:
+  dn = call.kwargs["dimension_numbers"]
   lhs_spec, rhs_spec = dn.lhs_spec, dn.rhs_spec
-  batch = [(0, lhs_spec[0])]
-  length = [(0, lhs_spec[1]), (1, rhs_spec[1])]
-  return batch, [batch], length
+  groups = int(call.kwargs.get("feature_group_count", 1) or 1)
+  g = _Named(call)
+  g.add("batch", "batch", [(0, lhs_spec[0])], 0)
+  g.add("len", "length", [(0, lhs_spec[1]), (1, rhs_spec[1])], 3,
+        valid=lambda n: groups == 1)
+  g.add("channels", "features", [(1, rhs_spec[0])], 1,
+        valid=lambda n: n % groups == 0)
+  for i, (a, b) in enumerate(zip(lhs_spec[2:], rhs_spec[2:])):
+    g.add(f"spatial{i}", "spatial", [(0, a)], 2, longest=1 << 12)
+    g.add(f"window{i}", "spatial", [(1, b)], 2, longest=16)
+  return g
 
 
-def primitive_plans(kernel: str, base: Call, golden) -> list[Plan]:
+def _reduce_axes(call: Call) -> _Named:
+  x = call.args[0]
+  axes = tuple(call.kwargs.get("axes", ()))
+  keep = [a for a in range(x.ndim) if a not in axes]
+  g = _Named(call)
+  for (name, family), a in zip(_row_names(keep), keep):
+    g.add(name, family, [(0, a)], 0)
+  for a in axes:
+    g.add("len" if a == axes[-1] else f"k{a}", "length", [(0, a)],
+          2 if a == axes[-1] else 1)
+  return g
+
+
+def _rowwise_axes(call: Call, same: Sequence[int],
+                  last_too: Sequence[int] = ()) -> _Named:
+  """Axes of a row-wise call: input 0's leading axes, coupled with the
+  inputs ``same`` of its shape; its last axis, coupled with theirs and
+  with the last axis of the inputs ``last_too``."""
+  x = call.args[0]
+  g = _Named(call)
+  lead = list(range(x.ndim - 1))
+  for (name, family), a in zip(_row_names(lead), lead):
+    g.add(name, family, [(0, a)] + [(i, a) for i in same], 0)
+  last = [(0, x.ndim - 1)] + [(i, x.ndim - 1) for i in same] + [
+      (i, call.args[i].ndim - 1) for i in last_too]
+  g.add("len", "length", last, 1)
+  return g
+
+
+def _row_groups(g: _Named) -> list:
+  return [w for _, f, w, _, _, _ in g.groups if f in ("batch", "rows")]
+
+
+def _plans_of(base: Call, g: _Named, seed: int, rows: Sequence | None,
+              one_row: bool = False) -> list[Plan]:
+  """Lattice plans of every axis, ``rows=1`` over ``rows`` and the one
+  row of :data:`ONE_ROW` (over every row axis)."""
+  axes = g.axes()
+  plans = L.axis_plans(base, axes, lambda name: _draws(seed, name, axes))
+  if rows and any(base.args[w[0][0]].shape[w[0][1]] != 1 for w in rows):
+    plans.append(Plan("rows=1", "rows", lambda rng: _all_one(base, rows,
+                                                              rng)))
+  length = [a for a in axes if a.name == "len"]
+  if one_row and length:
+    every = _row_groups(g)
+
+    def wide(rng):
+      return length[0].set(_all_one(base, every, rng), ONE_ROW, rng)
+    plans.append(Plan(f"len={ONE_ROW}", "length", wide))
+  return plans
+
+
+def _draws(seed: int, name: str, axes: Sequence[L.Axis]):
+  size = next(a.size for a in axes if a.name == name)
+  return rng_of(seed, f"{name}:{size}", "lattice")
+
+
+def _all_one(call: Call, rows: Sequence, rng) -> Call:
+  for where in rows:
+    call = set_axis(call, where, 1, rng)
+  return call
+
+
+def _same_shape(call: Call) -> list[int]:
+  x = call.args[0]
+  return [i for i, y in enumerate(call.args) if i and isinstance(
+      y, np.ndarray) and y.shape == x.shape]
+
+
+def primitive_axes(kernel: str, call: Call) -> _Named:
+  """The named axes of a primitive site's call."""
+  if kernel == "dot_general":
+    return _dot_axes(call)
+  if kernel == "conv_general_dilated":
+    return _conv_axes(call)
+  if kernel.startswith("reduce_") or kernel in ("argmax", "argmin"):
+    return _reduce_axes(call)
+  return _rowwise_axes(call, _same_shape(call))
+
+
+def primitive_plans(kernel: str, base: Call, golden, seed: int = 0
+                    ) -> list[Plan]:
   """The plans of a primitive site (``dot_general``, convolutions,
   reductions, elementwise primitives)."""
-  if kernel == "dot_general":
-    batch, rows, length = _dot_general(base)
-    lhs_rows = [r for r in rows if r[0][0] == 0]
-    plans = _batch_plans(base, batch, lhs_rows)
-    if length:  # the output loses the axis: one row of 2^20 is one value
-      plans += _length_plans(base, length, rows, 1 << 16)
-    return plans + magnitude_plans(base, golden, linear=True)
-  if kernel == "conv_general_dilated":
-    batch, rows, length = _conv(base)
-    plans = _batch_plans(base, batch)
-    plans += _length_plans(base, length, rows, 4097)
-    return plans + magnitude_plans(base, golden, linear=True)
   x = base.args[0]
-  if kernel.startswith("reduce_") or kernel in ("argmax", "argmin"):
-    axes = tuple(base.kwargs.get("axes", ()))
-    keep = [a for a in range(x.ndim) if a not in axes]
-    rows = [[(0, a)] for a in keep]
-    plans = _batch_plans(base, rows[0] if rows else None, rows)
-    if axes:
-      plans += _length_plans(base, [(0, axes[-1])], rows, 1 << 16)
-    return plans + magnitude_plans(base, golden, linear=False)
-  if x.ndim == 0:
+  if np.ndim(x) == 0:
     return magnitude_plans(base, golden, linear=False)
-  same = [i for i, y in enumerate(base.args)
-          if isinstance(y, np.ndarray) and y.shape == x.shape]
-  rows = [[(i, a) for i in same] for a in range(x.ndim - 1)]
-  plans = _batch_plans(base, rows[0] if rows else None, rows)
-  plans += _length_plans(base, [(i, x.ndim - 1) for i in same], rows)
-  return plans + magnitude_plans(base, golden, linear=False)
+  g = primitive_axes(kernel, base)
+  linear = kernel in ("dot_general", "conv_general_dilated")
+  if kernel == "dot_general":
+    rows = [w for _, _, w, _, _, _ in g.groups  # the lhs's free axes
+            if len(w) == 1 and w[0][0] == 0] or None
+    plans = _plans_of(base, g, seed, rows)
+  elif kernel == "conv_general_dilated":
+    plans = _plans_of(base, g, seed, None)
+  else:
+    reduce = kernel.startswith("reduce_") or kernel in ("argmax", "argmin")
+    plans = _plans_of(base, g, seed, _row_groups(g), one_row=not reduce)
+  return plans + magnitude_plans(base, golden, linear=linear)
 
 
-def _row_axes(x: np.ndarray, others: Sequence[int] = ()) -> list:
-  """Every leading axis of ``x`` (input 0), coupled with the same axis of
-  the inputs ``others`` of the same shape."""
-  return [[(0, a)] + [(i, a) for i in others] for a in range(x.ndim - 1)]
+# ------------------------------------------------------------- composites
 
 
-def _rowwise(base: Call, coupled_last: Sequence[int],
-             same_shape: Sequence[int], golden) -> list[Plan]:
-  x = base.args[0]
-  rows = _row_axes(x, same_shape)
-  plans = _batch_plans(base, rows[0] if rows else None, rows)
-  length = [(0, x.ndim - 1)] + [(i, base.args[i].ndim - 1)
-                                for i in coupled_last]
-  plans += _length_plans(base, length, rows)
-  return plans + magnitude_plans(base, golden, linear=False)
+def _params(call: Call) -> list[int]:
+  return [i for i in range(1, len(call.args)) if isinstance(
+      call.args[i], np.ndarray) and call.args[i].ndim >= 1]
 
 
-def composite_plans(kind: str, base: Call, golden) -> list[Plan]:
+def composite_axes(kind: str, call: Call) -> _Named:
+  """The named axes of a composite site's call (not ``attention``).
+
+  Raises:
+    PeatError: a kind without variants.
+  """
+  if kind in ("softmax", "log_softmax", "gelu"):
+    return _rowwise_axes(call, ())
+  if kind == "silu":
+    return _rowwise_axes(call, _params(call))
+  if kind in ("layer_norm", "rms_norm"):
+    return _rowwise_axes(call, (), _params(call))
+  if kind == "cross_entropy":
+    return _cross_entropy_axes(call)
+  if kind == "rope":
+    return _rope_axes(call)
+  raise PeatError(f"no fuzz variants for composite kind {kind!r}; expected "
+                  f"one of {sorted(KINDS | {'attention'})}")
+
+
+def composite_plans(kind: str, base: Call, golden, seed: int = 0
+                    ) -> list[Plan]:
   """The plans of a composite site of a known kind.
 
   Raises:
     PeatError: a kind without variants (the message names those that have).
   """
-  args = base.args
-  if kind in ("softmax", "log_softmax", "gelu"):
-    return _rowwise(base, (), (), golden)
-  if kind == "silu":
-    two = [i for i in range(1, len(args)) if isinstance(args[i], np.ndarray)]
-    return _rowwise(base, two, two, golden)
-  if kind in ("layer_norm", "rms_norm"):
-    params = [i for i in range(1, len(args)) if isinstance(
-        args[i], np.ndarray) and args[i].ndim >= 1]
-    return _rowwise(base, params, (), golden)
-  if kind == "cross_entropy":
-    x = args[0]
-    rows = _row_axes(x, (1,))
-    plans = _batch_plans(base, rows[0] if rows else None, rows)
-    return plans + magnitude_plans(base, golden, linear=False)
-  if kind == "rope":
-    return _rope(base, golden)
-  raise PeatError(f"no fuzz variants for composite kind {kind!r}; expected "
-                  f"one of {sorted(KINDS | {'attention'})}")
+  g = composite_axes(kind, base)
+  rowwise = kind not in ("cross_entropy", "rope")
+  plans = _plans_of(base, g, seed, _row_groups(g) if kind != "rope" else
+                    None, one_row=rowwise)
+  if kind in ("softmax", "log_softmax"):
+    plans += _masks.plans(base)
+  return plans + magnitude_plans(base, golden, linear=False)
+
+
+def _cross_entropy_axes(call: Call) -> _Named:
+  x = call.args[0]
+  g = _Named(call)
+  lead = list(range(x.ndim - 1))
+  for (name, family), a in zip(_row_names(lead), lead):
+    g.add(name, family, [(0, a), (1, a)], 0)
+  g.groups.append(("len", "length", [(0, x.ndim - 1)], 1, None,
+                   L.LONGEST))
+  named = g.axes()
+  classes = next(a for a in named if a.name == "len")
+  others = [w for n, _, w, _, _, _ in g.groups if n != "len"]
+
+  def set_classes(c: Call, n: int, rng) -> Call:
+    c = L.fit(c, [(0, c.args[0].ndim - 1)], n, others, rng)
+    logits, labels = c.args[0], np.asarray(c.args[1])
+    v = logits.shape[-1]
+    if n <= v:  # labels follow their class; a dropped one takes a kept one
+      idx = cut_index(v, n, rng)
+      new = np.searchsorted(idx, labels)
+      kept = (new < n) & (idx[np.minimum(new, n - 1)] == labels)
+      labels = np.where(kept, new, rng.integers(0, n, labels.shape))
+      logits = np.take(logits, idx, axis=-1)
+    else:
+      logits = resize([logits], [logits.ndim - 1], n, rng)[0]
+    args = (logits, labels.astype(c.args[1].dtype)) + tuple(c.args[2:])
+    return Call(args, c.kwargs)
+  g.custom = {"len": classes._replace(set=set_classes)}
+  return g
 
 
 def _positions(pos: np.ndarray, n: int, rng) -> np.ndarray:
@@ -382,50 +386,26 @@ def _positions(pos: np.ndarray, n: int, rng) -> np.ndarray:
   return resize([pos], [0], n, rng)[0]
 
 
-def _rope(base: Call, golden) -> list[Plan]:
-  x, pos = base.args[0], base.args[1]
-  plans = []
-  for n in _BATCHES:
-    if n != x.shape[0]:
-      plans.append(Plan(f"batch={n}", "batch", lambda rng, n=n: _set_axis(
-          base, [(0, 0)], n, rng)))
-  for n in [s for s in length_ladder(x.shape[1]) if s <= 1 << 16]:
-    def make(rng, n=n):
-      per = x.size // (x.shape[0] * x.shape[1]) * n
-      b = _fit(x.shape[0], per)
-      y = resize([x], [0], b, rng)[0] if b < x.shape[0] else x
-      per_t = y.size // y.shape[1]
-      if per_t * n > MAX_ELEMENTS:
-        y = resize([y], [2], max(1, MAX_ELEMENTS // (n * y.shape[0]
-                                                     * y.shape[3])), rng)[0]
-      y = resize([y], [1], n, rng)[0]
-      return Call((y, _positions(pos, n, rng)) + tuple(args_rest(base)),
-                  base.kwargs)
-    plans.append(Plan(f"len={n}", "length", make))
-  for d in _HEAD_DIMS:
-    if d != x.shape[-1]:
-      plans.append(Plan(f"head_dim={d}", "attention", lambda rng, d=d: Call(
-          (resize([x], [3], d, rng)[0], pos) + tuple(args_rest(base)),
-          base.kwargs)))
-  return plans + magnitude_plans(base, golden, linear=False)
+def _rope_axes(call: Call) -> _Named:
+  g = _Named(call)
+  g.add("batch", "batch", [(0, 0)], 0)
+  g.add("heads", "heads", [(0, 2)], 1)
+  g.add("head_dim", "head_dim", [(0, 3)], 3, longest=1 << 12,
+        valid=lambda n: n % 2 == 0)
+  g.groups.append(("len", "length", [(0, 1)], 2, None, L.LONGEST))
+  others = [[(0, 0)], [(0, 2)]]
 
-
-def args_rest(base: Call) -> tuple:
-  return tuple(base.args[2:])
+  def set_len(c: Call, n: int, rng) -> Call:
+    c = L.fit(c, [(0, 1)], n, others, rng)
+    x, pos = c.args[0], c.args[1]
+    y = resize([x], [1], n, rng)[0]
+    return Call((y, _positions(pos, n, rng)) + tuple(c.args[2:]), c.kwargs)
+  length = L.Axis("len", "length", call.args[0].shape[1], set_len)
+  g.custom = {"len": length}
+  return g
 
 
 #: Composite kinds with variants here (``attention``'s are in
 #: ``_attention``).
 KINDS = frozenset({"softmax", "log_softmax", "gelu", "silu", "layer_norm",
                    "rms_norm", "cross_entropy", "rope"})
-
-
-def interleave(plans: Sequence[Plan]) -> list[Plan]:
-  """Plans ordered so that a small budget covers every family first."""
-  by = {f: [p for p in plans if p.family == f] for f in FAMILIES}
-  out = []
-  while any(by.values()):
-    for f in FAMILIES:
-      if by[f]:
-        out.append(by[f].pop(0))
-  return out

@@ -30,8 +30,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 SETTINGS = dict(steps=2, checkpoint_every=2, frequencies=(), progress=None)
 SOFTMAX = "fwd/Gpt/Block/MultiHeadAttention/attention/softmax:0"
 ESCAPE = "py:escape_shapes:softmax_tail64"
-#: Length variants up to and with len=64 (the ladder without 40).
-TO_LEN64 = 11
+#: Length variants up to and with len=192 (the lattice's order: 1, 127,
+#: 128, 129, 192): the first with len % 128 == 64.
+TO_LEN192 = 5
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_correct_kut_passes_both_verdicts(task, tmp_path):
   # Both softmax sites (no select), every family first: batch, rows, ...
   assert {r["site"] for r in fuzz} == {SOFTMAX, SOFTMAX[:-1] + "1"}
   assert [r["variant"] for r in fuzz][:4] == ["batch=1", "batch=1",
-                                               "rows=1", "rows=1"]
+                                               "rows1=1", "rows1=1"]
   res = peat.read_campaign(tmp_path)
   assert res.verdict.verdict == "pass"
   assert res.fuzz_verdict.verdict == "pass"
@@ -140,7 +141,7 @@ def escape_campaign(task, tmp_path_factory):
   lines = []
   paths = peat.validate(
       task, spec, d, select="fwd/*/softmax:0",
-      fuzz={"budget_cases": TO_LEN64, "families": ["length"]},
+      fuzz={"budget_cases": TO_LEN192, "families": ["length"]},
       **dict(SETTINGS, progress=lines.append))
   return d, paths, lines
 
@@ -149,29 +150,35 @@ def escape_campaign(task, tmp_path_factory):
 def test_escape_fails_beyond_training_only(escape_campaign):
   d, paths, lines = escape_campaign
   assert paths.verdict == "pass"  # the training's rows of 40
-  assert paths.fuzz_verdict == "fail"  # rows of 64
+  assert paths.fuzz_verdict == "fail"  # rows of 192, shrunk to one of 64
   assert any(line.startswith("[4/5] shapes beyond training: capture the "
                              "forward softmax sites at step 0")
              for line in lines)
   assert "[5/5] verdict and report" in lines
   records = [r for r in files.read_records(d / files.FUZZ_FILE)
              if r["kind"] == "site"]
+  small = "min:len=192:len=64,rows2=1,rows1=1,batch=1"
   assert [r["variant"] for r in records] == [
-      f"len={n}" for n in (7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64)]
+      f"len={n}" for n in (1, 127, 128, 129, 192)] + [small]
   assert {r["site"] for r in records} == {SOFTMAX}
   by = {r["variant"]: r["diagnosis"] for r in records}
-  assert by["len=64"]["verdict"] == "fail"
-  assert all(v["verdict"] == "pass" for k, v in by.items() if k != "len=64")
+  assert by["len=192"]["verdict"] == by[small]["verdict"] == "fail"
+  assert all(v["verdict"] == "pass" for k, v in by.items()
+             if k not in ("len=192", small))
+  assert records[-1]["shrunk_from"] == "len=192"
+  assert records[-1]["shapes"] == [[1, 1, 1, 64]]
+  assert records[-1]["original_shapes"] == [[2, 4, 40, 192]]
   # The training verdict is the one of the playback records alone.
   res = peat.read_campaign(d)
   assert res.verdict.verdict == "pass"
   assert {r.verdict for r in res.playback} == {"pass"}
   assert res.fuzz_verdict.verdict == "fail"
-  assert res.fuzz_verdict.deciding == ((SOFTMAX, "len=64"),)
+  assert set(res.fuzz_verdict.deciding) == {(SOFTMAX, "len=192"),
+                                            (SOFTMAX, small)}
   first = res.fuzz_verdict.first_failure
-  assert (first["variant"], first["family"], first["shapes"]) == (
-      "len=64", "length", [[2, 4, 40, 64]])
-  assert first["model"] == "scale"
+  assert first["variant"] in ("len=192", small)
+  assert first["family"] == "length"
+  assert by[small]["model"] == "scale"  # one row: its sum counted twice
 
 
 @pytest.mark.slow
@@ -180,12 +187,13 @@ def test_report_and_rebuild_carry_the_section(escape_campaign):
   data = json.loads(open(paths.json).read())
   assert data["verdict"]["verdict"] == "pass"
   assert data["fuzz"]["verdict"] == "fail"
-  assert data["fuzz"]["first_failure"]["variant"] == "len=64"
+  assert data["fuzz"]["first_failure"]["variant"].endswith("len=192") or (
+      "len=192" in data["fuzz"]["first_failure"]["variant"])
   page = open(paths.html).read()
   section = page[page.index('<section id="fuzz">'):]
   section = section[:section.index("</section>")]
   assert "covers the training&#x27;s shapes only" in section
-  assert "<code>len=64</code>" in section
+  assert "len=192</code>" in section
   assert '<div class="badge v-pass">PASS</div>' in page
   rebuilt = peat.rebuild_report(d)
   assert (rebuilt.verdict, rebuilt.fuzz_verdict) == ("pass", "fail")
@@ -207,9 +215,10 @@ def test_tool_prints_the_fuzz_verdict_and_exits_on_it(escape_campaign):
   assert lines[i + 1] == "fuzz verdict: fail"
   assert "fuzz verdict fail reaches --fail_on=fail: exit status 1" in err
   assert "playback step 0: done before, skipped" in out
-  # One more variant (the budget counts this call's), the next length.
+  # One more variant (the budget counts this call's), the next length;
+  # the site's failure is shrunk already.
   records = [r for r in files.read_records(d / files.FUZZ_FILE)
              if r["kind"] == "site"]
-  assert [r["variant"] for r in records][-1] == "len=65"
+  assert [r["variant"] for r in records][-1] == "len=2"
   rc, out, err = _run_tool(argv[:-3] + ["--fail_on=never"])
   assert rc == 0 and "fuzz verdict: fail" in out, err

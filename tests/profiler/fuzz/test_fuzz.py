@@ -133,7 +133,12 @@ def test_a_kut_that_raises_is_a_finding(gpt, tmp_path, monkeypatch):
   r = peat.fuzz(d, _spec("py:short_rows:softmax"), task=task,
                 select=SOFTMAX, variants=["len=64", "len=4097"],
                 campaign_dir=str(tmp_path / "c"))
-  assert [e["variant"] for e in r.errors] == ["len=4097"]
+  # Found at 4097, shrunk to the smallest that raises: one row of 101.
+  assert [e["variant"] for e in r.errors][0] == "len=4097"
+  (small,) = r.shrunk
+  assert small["shrunk_from"] == "len=4097" and small["shapes"] == [
+      [1, 1, 1, 101]]
+  assert [e["variant"] for e in r.errors] == ["len=4097", small["variant"]]
   assert "rows longer than 100" in r.errors[0]["error"]
   assert r.verdict.verdict == "fail" and "len=4097" in r.summary
 

@@ -15,6 +15,7 @@ from jax import lax
 
 from peat_jax.core import PeatError
 from peat_jax.profiler.fuzz import _attention as A
+from peat_jax.profiler.fuzz import _lattice as L
 from peat_jax.profiler.fuzz import _variants as V
 
 _DN = (((2,), (0,)), ((), ()))
@@ -64,12 +65,21 @@ def test_coupled_axes_share_their_cut():
   np.testing.assert_array_equal(b2, b[idx])
 
 
-def test_length_ladder():
-  got = V.length_ladder(64)
-  for n in (7, 8, 9, 63, 65, 127, 128, 129, 4095, 4096, 4097, 16383, 16384,
-            16385, 1 << 16, 1 << 20):
-    assert n in got
-  assert 64 not in got
+def test_lattice_takes_every_tile_class_and_seeded_draws():
+  got = L.lattice(64, rng=np.random.default_rng(3))
+  want = {1, 2, 3}
+  for j in range(3, 17):
+    p = 1 << j
+    want |= {p - 1, p, p + 1, p + p // 2}
+  want.discard(64)
+  assert want <= set(got) and 64 not in got
+  assert len(got) == len(set(got)) and max(got) <= L.LONGEST
+  drawn = set(got) - want
+  assert len(drawn) <= L.RANDOM_DRAWS and all(4 <= n for n in drawn)
+  assert L.lattice(64, rng=np.random.default_rng(3)) == got  # seeded
+  # Tile widths first: a budget of a dozen sees 1, 127..192, 2, 7..12, 3.
+  assert got[:11] == [1, 127, 128, 129, 192, 2, 7, 8, 9, 12, 3]
+  assert L.lattice(5, longest=16) == [1, 2, 7, 8, 9, 12, 3, 15, 16]
 
 
 def test_dot_general_plans_shapes_and_memory():
@@ -169,8 +179,11 @@ def test_attention_variants_keep_the_mask_structure():
 def test_interleave_covers_every_family_first():
   plans = V.primitive_plans("dot_general", _dot_base(), _golden_dot)
   out = V.interleave(plans)
-  assert [p.family for p in out[:4]] == ["batch", "rows", "length",
-                                         "magnitude"]
+  assert [p.family for p in out[:5]] == ["batch", "rows", "length",
+                                         "features", "magnitude"]
+  # Within a family every axis comes before an axis' second length.
+  rows = [p.name for p in out if p.family == "rows"]
+  assert {rows[0].split("=")[0], rows[1].split("=")[0]} == {"m", "rows"}
   assert sorted(p.name for p in out) == sorted(p.name for p in plans)
 
 
