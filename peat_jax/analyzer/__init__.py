@@ -38,6 +38,7 @@ from peat_jax.analyzer.probes import needs_probe as needs_probe
 from peat_jax.analyzer.probes import RATIO_METRICS as RATIO_METRICS
 from peat_jax.analyzer.probes import metric_ratios as metric_ratios
 from peat_jax.analyzer.probes import port_probe as port_probe
+from peat_jax.analyzer.probes import shape_probe as shape_probe
 from peat_jax.analyzer.probes import probe_signatures as probe_signatures
 from peat_jax.analyzer.probes import probe_formats as probe_formats
 from peat_jax.analyzer.probes import variant_rounding as variant_rounding

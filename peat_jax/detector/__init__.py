@@ -50,6 +50,7 @@ from peat_jax.detector.facts import host_signature as host_signature
 from peat_jax.detector.verdicts import INVARIANCE_MODELS as INVARIANCE_MODELS
 from peat_jax.detector.verdicts import invariance_candidates as invariance_candidates
 from peat_jax.detector.verdicts import with_invariance as with_invariance
+from peat_jax.detector.verdicts import named_by_inputs as named_by_inputs
 from peat_jax.detector.calibration import run_invariance_calibration as run_invariance_calibration
 from peat_jax.detector.hypotheses import triage as triage
 from peat_jax.detector.verdicts import BENIGN_TRAINING_LIMIT as BENIGN_TRAINING_LIMIT

@@ -17,4 +17,5 @@ from peat_jax.analyzer.probes._precision import probe_formats as probe_formats
 from peat_jax.analyzer.probes._precision import variant_rounding as variant_rounding
 from peat_jax.analyzer.probes._ports import probe_signatures as probe_signatures
 from peat_jax.analyzer.probes._ratios import RATIO_METRICS as RATIO_METRICS
+from peat_jax.analyzer.probes._shapes import shape_probe as shape_probe
 from peat_jax.analyzer.probes._ratios import metric_ratios as metric_ratios

@@ -7,6 +7,7 @@ from peat_jax.detector.verdicts._invariance import INVARIANCE_FAULTS as INVARIAN
 from peat_jax.detector.verdicts._invariance import INVARIANCE_MODELS as INVARIANCE_MODELS
 from peat_jax.detector.verdicts._invariance import invariance_candidates as invariance_candidates
 from peat_jax.detector.verdicts._invariance import with_invariance as with_invariance
+from peat_jax.detector.verdicts._inputs import named_by_inputs as named_by_inputs
 from peat_jax.detector.verdicts._training import BENIGN_TRAINING_LIMIT as BENIGN_TRAINING_LIMIT
 from peat_jax.detector.verdicts._training import BF16_PROXY_LIMIT as BF16_PROXY_LIMIT
 from peat_jax.detector.verdicts._training import TREND_FACTOR as TREND_FACTOR

@@ -42,6 +42,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+from peat_jax import analyzer as _analyzer
 from peat_jax import detector as _detector
 from peat_jax import sites as _sites
 from peat_jax import core as _core
@@ -269,6 +270,7 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
   tap = _sites.Tap(tuple(ins), _one(golden), _one(test))
   rec = _playback_fi.site_record(vsite, params, tap, spec.spec,
                                  target.entry["step"])
+  rec = _named_by_inputs(rec, vsite, params, call, ins, golden, test)
   rec.update(source="fuzz", variant=plan.name, family=plan.family,
              seed=int(seed), capture=target.entry["file"],
              captures=target.captures, golden_from=frm,
@@ -276,6 +278,31 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
   if convention:
     rec["masked_rows"] = convention
   return rec, None, None
+
+
+def _named_by_inputs(rec: dict, site: _sites.Site, params: dict,
+                     call: V.Call, ins: list, golden: list, test: list
+                     ) -> dict:
+  """A failing record named by the shape probe on its own inputs
+  (``peat.analyzer.shape_probe``, ``peat.detector.named_by_inputs``): a
+  dropped or repeated element, a narrow accumulator, a wrong mean. The
+  probe's answer is kept in ``shape_probe``."""
+  if rec["diagnosis"]["verdict"] == "pass" or len(golden) != 1:
+    return rec
+  try:
+    ref = _playback_fi.site_reference(site, params, ins)
+    if isinstance(ref, (list, tuple)):
+      ref = ref[0]
+    found = None if ref is None else _analyzer.shape_probe(
+        site.kernel, call.args, call.kwargs, test[0], golden[0], ref)
+  except (TypeError, ValueError, KeyError, IndexError, PeatError):
+    return rec
+  if found is None:
+    return rec
+  rec["shape_probe"] = {k: v for k, v in found.items() if k != "evidence"}
+  rec["diagnosis"] = _detector.named_by_inputs(rec["diagnosis"], found,
+                                               rec.get("port"))
+  return rec
 
 
 def _masked_rows_convention(site, call: V.Call, golden: list, test: list

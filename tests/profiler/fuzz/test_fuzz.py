@@ -207,3 +207,48 @@ def test_the_playback_tool_fuzzes(gpt, tmp_path):
   bad = subprocess.run(tool[:5] + ["--fuzz_budget=abc", "--fuzz"],
                        capture_output=True, text=True, timeout=300)
   assert bad.returncode == 2 and "--fuzz_budget must be" in bad.stderr
+
+
+_GEMV_DROP = '''
+import jax
+from jax import lax
+
+
+def dot_general(lhs, rhs, *, dimension_numbers, precision=None,
+                preferred_element_type=None, out_sharding=None):
+  """A GEMM whose one-row (GEMV) path leaves the last K term out."""
+  del out_sharding
+  (lc, rc), (lb, _) = dimension_numbers
+  free = [d for d in range(lhs.ndim) if d not in tuple(lc) + tuple(lb)]
+  rows = 1
+  for d in free:
+    rows *= lhs.shape[d]
+  if rows == 1 and len(lc) == 1 and lhs.shape[lc[0]] > 1:
+    k = lhs.shape[lc[0]]
+    lhs = lax.slice_in_dim(lhs, 0, k - 1, axis=lc[0])
+    rhs = lax.slice_in_dim(rhs, 0, k - 1, axis=rc[0])
+  return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                         preferred_element_type=preferred_element_type)
+'''
+
+
+@pytest.mark.parametrize("which", ["gpt", "vit_bf16"])
+@pytest.mark.parametrize("kut,variant,name", [
+    ("py:gemv_drop:dot_general", "rows=1", "dropped_last_term"),
+    ("py:escape_shapes:matmul_ntail7", "n=7", "repeated_last_column")])
+def test_gemm_slips_at_fuzz_shapes_are_named_from_their_inputs(
+    which, kut, variant, name, request, escape_path, tmp_path, monkeypatch):
+  """A GEMV that drops its last K term and an epilogue that repeats its
+  last column (N % 8 == 7) pass training's shapes; at the fuzz's shape the
+  record is named from the variant's own inputs, and fails."""
+  task, d = request.getfixturevalue(which)
+  (tmp_path / "gemv_drop.py").write_text(_GEMV_DROP)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  r = peat.fuzz(d, _spec(kut, "dot_general"), task=task,
+                select="*dot_general:0", variants=[variant],
+                campaign_dir=str(tmp_path / "c"), shrink=False)
+  (rec,) = [x for x in r.records if x["variant"] == variant][:1]
+  diag = rec["diagnosis"]
+  assert (diag["model"], diag["verdict"]) == ("indexing", "fail"), diag
+  assert rec["shape_probe"]["name"] == name and diag["named_by"] == "inputs"
+  assert r.verdict.verdict == "fail"
