@@ -238,15 +238,10 @@ def port_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
                                  level, _output_u(test))
   if only is not None:
     hyps = [h for h in hyps if h.name == only]
-  dtype = np.dtype(getattr(test, "dtype", np.float32))
-  r_out = _at_output(r, dtype)
-  best = _best_variant(hyps, _ratio_base(t, r_out, fin), t, r_out, g, fin,
-                       dtype)
+  best = best_answer(hyps, test, t, r, g, fin, d_ref, d_gold, rms)
   if best is None:
     return None
-  ratio, v, h = best
-  out = probe_answer(v.model, v.name, v.sentence, [hy.name for hy in hyps],
-                     ratio, rms(t - h), d_ref, d_gold, v.estimate, v.extra)
+  out, h = best
   explains = out["explains"]
   if not explains:
     order = _row_order(kind, args, np.where(fin, t, 0.0),
@@ -295,6 +290,25 @@ def _at_output(h: np.ndarray, dtype) -> np.ndarray:
     return h
   with np.errstate(all="ignore"):
     return np.asarray(h.astype(np.float32).astype(dtype), np.float64)
+
+
+def best_answer(hyps: Sequence[Variant], test, t, r, g, fin, d_ref: float,
+                d_gold: float, rms: Callable[[np.ndarray], float]
+                ) -> tuple[dict, np.ndarray] | None:
+  """The probe's answer for the closest of ``hyps`` and its float64
+  output (None when none evaluates): ``t``, ``r``, ``g`` float64, ``fin``
+  their finite elements, ``d_ref`` / ``d_gold`` the KUT's and golden's
+  RMS distance to the reference, ``rms`` that distance's function."""
+  dtype = np.dtype(getattr(test, "dtype", np.float32))
+  r_out = _at_output(r, dtype)
+  best = _best_variant(hyps, _ratio_base(t, r_out, fin), t, r_out, g, fin,
+                       dtype)
+  if best is None:
+    return None
+  ratio, v, h = best
+  return probe_answer(v.model, v.name, v.sentence, [hy.name for hy in hyps],
+                      ratio, rms(t - h), d_ref, d_gold, v.estimate,
+                      v.extra), h
 
 
 def _best_variant(hyps: Sequence[Variant], base: "_RatioBase", t, r, g,

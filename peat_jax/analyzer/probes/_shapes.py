@@ -19,15 +19,13 @@ in sign) from a coarse rounding of the inputs; the inputs can.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
 
 from peat_jax.analyzer.probes._forms import Variant, _f64
-from peat_jax.analyzer.probes._ports import (
-    BEYOND_GOLDEN, _at_output, _best_variant, _ratio_base, probe_answer)
+from peat_jax.analyzer.probes._ports import BEYOND_GOLDEN, best_answer
 
 #: The most multiply-adds an in-order accumulation hypothesis evaluates
 #: (it loops over K on the host).
@@ -221,13 +219,5 @@ def shape_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
   if not d_ref > BEYOND_GOLDEN * d_gold:
     return None
   hyps = shape_hypotheses(kind, args, kwargs, test, r)
-  dtype = np.dtype(getattr(test, "dtype", np.float32))
-  r_out = _at_output(r, dtype)
-  best = _best_variant(hyps, _ratio_base(t, r_out, fin), t, r_out, g, fin,
-                       dtype)
-  if best is None:
-    return None
-  ratio, v, h = best
-  return probe_answer(v.model, v.name, v.sentence, [x.name for x in hyps],
-                      ratio if math.isfinite(ratio) else math.inf,
-                      rms(t - h), d_ref, d_gold, v.estimate, v.extra)
+  best = best_answer(hyps, test, t, r, g, fin, d_ref, d_gold, rms)
+  return None if best is None else best[0]
