@@ -631,7 +631,8 @@ def define_fuzz_flags(flag_values: flags.FlagValues) -> FuzzFlags:
       flags.DEFINE_list(
           "fuzz_families", None,
           "With --fuzz: only these variant families, some of batch, rows, "
-          "length, attention, magnitude, denormal (default all).",
+          "length, features, heads, head_dim, spatial, mask, attention, "
+          "magnitude, denormal (default all).",
           flag_values=flag_values))
 
 

@@ -4,7 +4,8 @@
 bugs do (a GEMV that drops the last term of its contraction, a GEMM
 epilogue whose last column repeats the one before, a sum kept in fp16 in
 order past 2^11 terms, a layer norm whose wide rows skip a block of the
-mean), in float32 and bf16: each is explained by its own hypothesis,
+mean, a softmax whose row sum drops or doubles its last 64 terms), in
+float32 and bf16: each is explained by its own hypothesis,
 ``peat.detector.named_by_inputs`` names the record after it and fails it;
 correct kernels (the golden kernel computed another way) leave the
 probe silent. Seeded inputs, float64 references.
@@ -95,6 +96,30 @@ def test_a_layer_norm_that_skips_a_block_of_the_mean(dtype):
       {"eps": 1e-6}, test, golden, _ln64(x))
   assert found["explains"] and found["name"] == "row_mean"
   assert found["model"] == "indexing"
+
+
+def _softmax64(x, drop=0, twice=0):
+  x = np.asarray(x, np.float64)
+  e = np.exp(x - x.max(-1, keepdims=True))
+  n = x.shape[-1]
+  s = e[..., :n - drop].sum(-1, keepdims=True)
+  if twice:
+    s = s + e[..., n - twice:].sum(-1, keepdims=True)
+  return e / s
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("drop,twice,name", [
+    (64, 0, "sum_without_last_64"), (0, 64, "sum_with_last_64_twice")])
+def test_a_softmax_whose_sum_mishandles_its_tail(dtype, drop, twice, name):
+  x = (_rng(4).standard_normal((24, 192)) * 2).astype(dtype)
+  golden = np.asarray(jax.nn.softmax(jnp.asarray(x, jnp.float32))).astype(
+      dtype)
+  test = _softmax64(x, drop, twice).astype(dtype)
+  found = peat.analyzer.shape_probe("softmax", (x,), {}, test, golden,
+                                    _softmax64(x))
+  assert found["explains"] and found["name"] == name
+  assert found["model"] == "scale"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

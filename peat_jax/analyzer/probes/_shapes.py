@@ -6,7 +6,8 @@ the reduction (the last term of a GEMV's contraction, the first of a
 split), an epilogue writes a lane twice (the last output column or row
 repeats the one before), a long reduction keeps its sum in a narrow
 format (fp16 past 2^11 terms of ones stops growing), a wide row's
-statistic skips a block (a layer norm's mean over part of its row). On a
+statistic skips a block (a layer norm's mean over part of its row), a
+row-wise sum drops or doubles a tile's tail (a softmax's normalizer). On a
 fuzz variant the inputs are at hand: :func:`shape_probe` computes each
 such hypothesis in float64 on them and measures how close the KUT's
 output is to it, as the port probe does (``_ports``: the median of
@@ -152,6 +153,38 @@ def _layer_norm_forms(args, kwargs, test) -> list[Variant]:
                   "skipped block)", row_mean)]
 
 
+#: Tile widths whose tails a row-wise kernel's sum may mishandle.
+SUM_TILES = (8, 16, 32, 64, 128, 256)
+
+
+def _softmax_forms(args, kwargs) -> list[Variant]:
+  """A softmax whose row sum leaves out, or counts twice, the last ``w``
+  terms: a tile's tail (``L % p``) or a whole tile (``p``). The output is
+  golden times a factor per row: ``scale``."""
+  del kwargs
+  x = _f64(args[0])
+  n = x.shape[-1] if x.ndim else 0
+  if n < 2:
+    return []
+  with np.errstate(all="ignore"):
+    e = np.exp(x - np.max(x, -1, keepdims=True))
+  widths = sorted({w for p in SUM_TILES for w in (n % p, p) if 0 < w < n})
+  out = []
+  for w in widths:
+    out.append(Variant(
+        "scale", f"sum_without_last_{w}",
+        f"a dropped tail: each row's sum leaves out its last {w} of {n} "
+        "terms (golden times a factor per row)",
+        lambda w=w: e / e[..., :n - w].sum(-1, keepdims=True)))
+    out.append(Variant(
+        "scale", f"sum_with_last_{w}_twice",
+        f"a repeated tail: each row's sum counts its last {w} of {n} terms "
+        "twice (golden times a factor per row)",
+        lambda w=w: e / (e.sum(-1, keepdims=True)
+                         + e[..., n - w:].sum(-1, keepdims=True))))
+  return out
+
+
 def _output_forms(reference: np.ndarray) -> list[Variant]:
   """Structural slips of any kernel's epilogue, on its output."""
   r = _f64(reference)
@@ -186,6 +219,8 @@ def shape_hypotheses(kind: str, args: Sequence[Any],
     out += _sum_forms(args, kwargs)
   elif kind == "layer_norm":
     out += _layer_norm_forms(args, kwargs, test)
+  elif kind == "softmax":
+    out += _softmax_forms(args, kwargs)
   return out + _output_forms(reference)
 
 
@@ -195,8 +230,8 @@ def shape_probe(kind: str, args: Sequence[Any], kwargs: Mapping[str, Any],
 
   Args:
     kind: the site's kernel (``dot_general``, ``reduce_sum``,
-      ``layer_norm``; every kernel gets the output's repeated column and
-      row).
+      ``layer_norm``, ``softmax``; every kernel gets the output's repeated
+      column and row).
     args, kwargs: the call (a primitive's inputs and parameters, or the
       KUT convention of a composite).
     test, golden: the KUT's and the golden kernel's outputs.

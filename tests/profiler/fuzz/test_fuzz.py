@@ -99,7 +99,19 @@ def test_a_shape_gated_bug_passes_training_and_fails_the_fuzz(
   folder = peat.export_repro(camp, site=by["len=64"]["site"],
                              variant="len=64", task=task)
   case = peat.testing.load_repro(folder)
-  assert case.call.args[0].shape[-1] == 64
+  # Exported at its smallest failing input: one row of 64 (found at
+  # [2, 4, 40, 64]), the variant as found beside it.
+  assert case.call.args[0].shape == (1, 1, 1, 64)
+  assert case.meta["shrunk_from"] == "len=64"
+  assert case.meta["original_shapes"] == [[2, 4, 40, 64]]
+  assert case.meta["variant"] == r.shrunk[0]["variant"]
+  assert "the smallest input failing as len=64 did" in open(
+      os.path.join(folder, "test_repro.py")).read()
+  as_found = peat.export_repro(camp, site=by["len=64"]["site"],
+                               variant="len=64", task=task, smallest=False,
+                               out_dir=str(tmp_path / "as_found"))
+  assert peat.testing.load_repro(as_found).call.args[0].shape == (
+      2, 4, 40, 64)
   env = dict(os.environ, PEAT_REPRO_PATH=os.path.abspath(ESCAPE))
   failed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p",
                            "no:cacheprovider", folder], env=env,
@@ -232,10 +244,14 @@ def dot_general(lhs, rhs, *, dimension_numbers, precision=None,
 '''
 
 
-@pytest.mark.parametrize("which", ["gpt", "vit_bf16"])
-@pytest.mark.parametrize("kut,variant,name", [
-    ("py:gemv_drop:dot_general", "rows=1", "dropped_last_term"),
-    ("py:escape_shapes:matmul_ntail7", "n=7", "repeated_last_column")])
+_GEMV = ("py:gemv_drop:dot_general", "rows=1", "dropped_last_term")
+_NTAIL7 = ("py:escape_shapes:matmul_ntail7", "n=7", "repeated_last_column")
+
+
+@pytest.mark.parametrize("which,kut,variant,name", [
+    ("gpt",) + _GEMV, ("vit_bf16",) + _NTAIL7,
+    pytest.param("vit_bf16", *_GEMV, marks=pytest.mark.slow),
+    pytest.param("gpt", *_NTAIL7, marks=pytest.mark.slow)])
 def test_gemm_slips_at_fuzz_shapes_are_named_from_their_inputs(
     which, kut, variant, name, request, escape_path, tmp_path, monkeypatch):
   """A GEMV that drops its last K term and an epilogue that repeats its
