@@ -196,7 +196,7 @@ SHAPE_DEFECTS = (
     _shape_case("matmul_ntail7", "dot_general", "indexing",
                 "N % 8 == 7: the epilogue's last lane repeats the one "
                 "before (a vector-tail slip in a GEMM epilogue)", MATMUL),
-    _shape_case("matmul_gemv", "dot_general", "unknown",
+    _shape_case("matmul_gemv", "dot_general", "indexing",
                 "an M == 1 GEMV path reads the [K, N] operand as [N, K] "
                 "(alibaba/BladeDISC PR 243)", MATMUL),
     _shape_case("attention_causal_topleft", "attention", "lane",

@@ -40,6 +40,12 @@ def _gemv_drop_last(x, w):
   return np.asarray(lax.dot_general(x[:, :-1], w[:-1], _DN))
 
 
+def _gemv_other_layout(x, w):
+  k, n = w.shape
+  return (np.asarray(x, np.float32) @ np.asarray(w, np.float32).reshape(
+      n, k).T).astype(x.dtype)
+
+
 def _epilogue_repeat(x, w):
   out = np.asarray(lax.dot_general(x, w, _DN)).copy()
   out[:, -1] = out[:, -2]
@@ -49,6 +55,7 @@ def _epilogue_repeat(x, w):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,slip,name", [
     (1, 384, _gemv_drop_last, "dropped_last_term"),
+    (1, 96, _gemv_other_layout, "rhs_other_layout"),
     (32, 127, _epilogue_repeat, "repeated_last_column")])
 def test_a_gemm_slip_is_named_from_its_inputs(dtype, m, n, slip, name):
   x, w, golden, ref = _gemm(m, 2048, n, dtype)

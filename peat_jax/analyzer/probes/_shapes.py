@@ -4,7 +4,8 @@ A kernel exact on training's shapes and wrong on others usually slips in
 one of a few ways at the shape that gates it: a tail drops an element of
 the reduction (the last term of a GEMV's contraction, the first of a
 split), an epilogue writes a lane twice (the last output column or row
-repeats the one before), a long reduction keeps its sum in a narrow
+repeats the one before), a GEMV reads an operand's buffer in the other
+layout, a long reduction keeps its sum in a narrow
 format (fp16 past 2^11 terms of ones stops growing), a wide row's
 statistic skips a block (a layer norm's mean over part of its row), a
 row-wise sum drops or doubles a tile's tail (a softmax's normalizer). On a
@@ -74,6 +75,7 @@ def _dot_forms(args, kwargs) -> list[Variant]:
           f"{k}) left out of the sum",
           lambda i=i: dot_general64(_without(lhs, a, i), _without(rhs, b, i),
                                     dn)))
+  out += _layout_forms(lhs, rhs, dn)
   work = int(np.prod(np.shape(lhs), dtype=np.int64)) * int(
       np.prod(np.shape(rhs), dtype=np.int64)) // max(k, 1)
   if len(lc) == 1 and work <= MAX_ACC_WORK:
@@ -83,6 +85,42 @@ def _dot_forms(args, kwargs) -> list[Variant]:
           f"a narrow accumulator: the K = {k} products added in order into "
           f"a {fmt} sum",
           lambda dtype=dtype: _dot_in_order(lhs, rhs, dn, dtype)))
+  return out
+
+
+def _layout_forms(lhs, rhs, dn) -> list[Variant]:
+  """An operand's row-major buffer read in the other layout: the
+  ``[batch, K, N]`` right operand as ``[batch, N, K]`` (a GEMV handed the
+  transpose flag of the other layout), or the ``[batch, M, K]`` left one
+  as ``[batch, K, M]``."""
+  (lc, rc), (lb, rb) = dn
+  lhs, rhs = _f64(lhs), _f64(rhs)
+  lf = [a for a in range(lhs.ndim) if a not in lc and a not in lb]
+  rf = [a for a in range(rhs.ndim) if a not in rc and a not in rb]
+  size = lambda x, axes: int(np.prod([x.shape[a] for a in axes],  # noqa: E731
+                                     dtype=np.int64))
+  b, m, k, n = size(lhs, lb), size(lhs, lf), size(lhs, lc), size(rhs, rf)
+  if k < 2:
+    return []
+  shape = ([lhs.shape[a] for a in lb] + [lhs.shape[a] for a in lf]
+           + [rhs.shape[a] for a in rf])
+  left = np.transpose(lhs, list(lb) + lf + list(lc)).reshape(b, m, k)
+  right = np.transpose(rhs, list(rb) + list(rc) + rf).reshape(b, k, n)
+  out = []
+  if n > 1:
+    out.append(Variant(
+        "indexing", "rhs_other_layout",
+        f"an operand in the other layout: the [K, N] = [{k}, {n}] right "
+        "operand read as [N, K]",
+        lambda: np.matmul(left, np.swapaxes(right.reshape(b, n, k), 1, 2)
+                          ).reshape(shape)))
+  if m > 1:
+    out.append(Variant(
+        "indexing", "lhs_other_layout",
+        f"an operand in the other layout: the [M, K] = [{m}, {k}] left "
+        "operand read as [K, M]",
+        lambda: np.matmul(np.swapaxes(left.reshape(b, k, m), 1, 2), right
+                          ).reshape(shape)))
   return out
 
 

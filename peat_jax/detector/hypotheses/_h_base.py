@@ -178,15 +178,19 @@ def within_truncation(f: Facts, bound: float) -> bool:
 
 def _truncates(f: Facts) -> bool:
   """The magnitude gate of a 16-bit record: below truncation_min_ratio x
-  the golden kernel's error it lost nothing to truncation; and the
-  independence gate of a row-normalizing kernel: one row's elements share
-  its sum's rounding, so they move together and one-sidedness is read on
-  at least truncation_min_count differing rows."""
-  if f.ctx.normalizing and (np.count_nonzero(np.asarray(f.sig.row_ndiff))
-                            < f.cfg.truncation_min_count):
-    return False
+  the golden kernel's error it lost nothing to truncation."""
   return (not f.has_ref or f.wide
           or not f.noise_ratio < f.cfg.truncation_min_ratio)
+
+
+def _independent(f: Facts) -> bool:
+  """The independence gate of a direction count: a row-normalizing
+  kernel's elements of one row share its sum's rounding and move
+  together, so their directions are read on at least
+  truncation_min_count differing rows (one row is one coin)."""
+  return not f.ctx.normalizing or (
+      np.count_nonzero(np.asarray(f.sig.row_ndiff))
+      >= f.cfg.truncation_min_count)
 
 
 def _truncation(f: Facts, bound: float, fmt: str, sentence: str,
@@ -223,9 +227,11 @@ def truncation_vs_reference(f: Facts) -> list[Found]:
 
 def truncation_by_direction(f: Facts) -> list[Found]:
   """``truncation``: every changed magnitude shrank, about half of the
-  nonzero outputs changed, and none moved beyond one ulp."""
+  nonzero outputs changed, and none moved beyond one ulp; a normalizing
+  kernel's directions counted on truncation_min_count rows or more (the
+  elements of a row share its sum's rounding)."""
   s, cfg = f.sig, f.cfg
-  if narrowest(f) is not None or not _truncates(f):
+  if narrowest(f) is not None or not _truncates(f) or not _independent(f):
     return []
   nonzero = f.n - _i(s.n_golden_zero)
   bound, fmt = truncation_bound(f)
