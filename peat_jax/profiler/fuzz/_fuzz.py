@@ -335,10 +335,15 @@ def _masked_rows_convention(site, call: V.Call, golden: list, test: list
 
 
 def _order(tgts: Sequence[Target]) -> list[tuple[Target, V.Plan]]:
-  """Round robin over sites, each site's plans in their order."""
+  """Round robin over sites, each site's plans interleaved over families
+  from its own: the k-th site starts at its k-th family, so one round of
+  as many sites as families covers every family (a model of 19 GEMM
+  sites sees all six families in its first six variants, not its first
+  3 x 19)."""
+  plans = [V.interleave(t.plans, start=k) for k, t in enumerate(tgts)]
   out, i = [], 0
   while True:
-    row = [(t, t.plans[i]) for t in tgts if i < len(t.plans)]
+    row = [(t, p[i]) for t, p in zip(tgts, plans) if i < len(p)]
     if not row:
       return out
     out += row

@@ -161,15 +161,18 @@ def _round_robin(lists: Sequence[list]) -> list:
   return out
 
 
-def interleave(plans: Sequence[Plan]) -> list[Plan]:
+def interleave(plans: Sequence[Plan], start: int = 0) -> list[Plan]:
   """Plans ordered so that a small budget covers every family first, and
-  within a family every axis: round robin over families, and within each
-  over its axes (each axis in lattice order)."""
+  within a family every axis: round robin over families (from the
+  ``start``-th of those the plans have), and within each over its axes
+  (each axis in lattice order)."""
   per_family = []
   for f in FAMILIES:
     axes: dict[str, list] = {}
     for p in plans:
       if p.family == f:
         axes.setdefault(stem(p.name), []).append(p)
-    per_family.append(_round_robin(list(axes.values())))
-  return _round_robin(per_family)
+    if axes:
+      per_family.append(_round_robin(list(axes.values())))
+  k = start % len(per_family) if per_family else 0
+  return _round_robin(per_family[k:] + per_family[:k])

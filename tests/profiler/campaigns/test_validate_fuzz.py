@@ -117,10 +117,12 @@ def test_correct_kut_passes_both_verdicts(task, tmp_path):
   assert len(fuzz) == 6
   assert {r["source"] for r in fuzz} == {"fuzz"}
   assert {r["kut"] for r in fuzz} == {"native:softmax:default"}
-  # Both softmax sites (no select), every family first: batch, rows, ...
+  # Both softmax sites (no select), every family first: each site starts
+  # at its own family (batch, rows; rows, length; ...).
   assert {r["site"] for r in fuzz} == {SOFTMAX, SOFTMAX[:-1] + "1"}
-  assert [r["variant"] for r in fuzz][:4] == ["batch=1", "batch=1",
-                                               "rows1=1", "rows1=1"]
+  assert [r["variant"] for r in fuzz][:4] == ["batch=1", "rows1=1",
+                                               "rows1=1", "len=1"]
+  assert {r["family"] for r in fuzz} == {"batch", "rows", "length", "mask"}
   res = peat.read_campaign(tmp_path)
   assert res.verdict.verdict == "pass"
   assert res.fuzz_verdict.verdict == "pass"

@@ -181,6 +181,12 @@ def test_interleave_covers_every_family_first():
   out = V.interleave(plans)
   assert [p.family for p in out[:5]] == ["batch", "rows", "length",
                                          "features", "magnitude"]
+  # Started at another family, the same plans, that family first.
+  later = V.interleave(plans, start=2)
+  assert [p.family for p in later[:6]] == ["length", "features",
+                                           "magnitude", "denormal", "batch",
+                                           "rows"]
+  assert sorted(p.name for p in later) == sorted(p.name for p in plans)
   # Within a family every axis comes before an axis' second length.
   rows = [p.name for p in out if p.family == "rows"]
   assert {rows[0].split("=")[0], rows[1].split("=")[0]} == {"m", "rows"}
