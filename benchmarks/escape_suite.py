@@ -37,7 +37,7 @@ bridge), side by side in one run:
   ``fixed`` twin (``PEAT_REPRO_KUT``, ``PEAT_REPRO_PATH=benchmarks/escape``):
   ``fails / passes`` is the expected outcome.
 
-Prints a Markdown table (the one in README.md) and writes it with every
+Prints a Markdown table (the one in docs/escape.md) and writes it with every
 detail as JSON (``<workdir>/escape_suite.json``). ``--quick`` runs two CNN
 defects (input_zeroing, batch_variant_split) and one shape-gated defect
 (attention_gqa_modulo, with its fuzz and repro): the shape of the table in
@@ -394,7 +394,7 @@ COLUMNS = HEAD.count(" | ") + 1
 
 
 def table(rows) -> str:
-  """The Markdown table of the README."""
+  """The Markdown table of docs/escape.md."""
   lines = [HEAD, "| " + " | ".join(["---"] * COLUMNS) + " |"]
   for r in rows:
     p = r["peat"]
