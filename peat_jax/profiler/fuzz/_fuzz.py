@@ -482,13 +482,14 @@ def fuzz(source: str | os.PathLike, kut_spec, *,
 SHRINK_SITES = 4
 #: Seconds one shrink may take (it stops starting runs after them).
 SHRINK_SECONDS = 90.0
-_RANK = {"fuzz_error": 3, "fail": 2, "warn": 1}
 
 
 def _rank(r: dict) -> int:
+  """A record's severity (``peat.detector.severity``); a finding ranks
+  above a ``fail``."""
   if r.get("kind") == "fuzz_error":
-    return _RANK["fuzz_error"]
-  return _RANK.get(r["diagnosis"]["verdict"], 0)
+    return _detector.severity("fail") + 1
+  return _detector.severity(r["diagnosis"]["verdict"])
 
 
 def _worst(stored: Sequence[dict], site: str) -> dict | None:

@@ -38,7 +38,6 @@ PREFIX = "min:"
 #: Variant runs one shrink may make (per axis: one, the remainders, a
 #: bisection over ~60 lattice lengths (6), one over single lengths).
 MAX_TRIES = 64
-_RANK = {"pass": 0, "warn": 1, "fail": 2}
 
 
 def axes_of(kernel: str, composite: bool, call: V.Call) -> list[L.Axis]:
@@ -122,7 +121,8 @@ def same_failure(first: dict, other: dict | None) -> bool:
   if other.get("kind") != "site":
     return False
   a, b = first["diagnosis"], other["diagnosis"]
-  return (_RANK.get(b["verdict"], 0) >= _RANK.get(a["verdict"], 0) > 0
+  return (_detector.severity(b["verdict"]) >= _detector.severity(
+      a["verdict"]) > 0
           and failure_kind(b["model"]) == failure_kind(a["model"]))
 
 
