@@ -4,9 +4,11 @@ Usage::
 
   .venv/bin/python benchmarks/report_screenshot.py runs/sig_gpt_in_bf16 \
       --out=benchmarks/out/report_gpt_in_bf16 \
-      [--sections=verdict,trends,significance,provenance] [--height=2600]
+      [--sections=verdict,trends,significance,provenance] [--height=2600] \
+      [--top_height=900]
 
-Writes ``<out>_top.png`` (the page as it opens, 1280 px wide) and
+Writes ``<out>_top.png`` (the page as it opens, 1280 px wide and
+``--top_height`` tall: 900, a laptop's first screen) and
 ``<out>_sections.png``: the same page with every section but ``--sections``
 hidden by one added CSS rule (the report's own HTML and SVG, nothing
 redrawn). Needs ``/usr/bin/chromium`` (scripts/ensure_chromium.sh); exits
@@ -27,6 +29,7 @@ WIDTH = 1280
 
 def main(argv: list[str]) -> int:
   out, sections, height, dirs = None, "verdict,trends,significance,provenance", 2600, []
+  top_height = 900
   for a in argv[1:]:
     if a.startswith("--out="):
       out = a.split("=", 1)[1]
@@ -34,6 +37,8 @@ def main(argv: list[str]) -> int:
       sections = a.split("=", 1)[1]
     elif a.startswith("--height="):
       height = int(a.split("=", 1)[1])
+    elif a.startswith("--top_height="):
+      top_height = int(a.split("=", 1)[1])
     else:
       dirs.append(a)
   if len(dirs) != 1 or not out:
@@ -51,7 +56,8 @@ def main(argv: list[str]) -> int:
           file=sys.stderr)
     return 2
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  ok = significance_figures.screenshot(page, out + "_top.png", WIDTH, 1500)
+  ok = significance_figures.screenshot(page, out + "_top.png", WIDTH,
+                                       top_height)
   with open(page, encoding="utf-8") as f:
     text = f.read()
   keep = "".join(f":not(#{s})" for s in sections.split(",") if s)

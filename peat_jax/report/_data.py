@@ -67,6 +67,7 @@ def site_entries(records: Sequence[dict], order: Sequence[str]) -> list:
             top["signature"].get("noise_ratio")),
         "steps": [r["step"] for r in rs],
         "noise_ratio": [r["signature"].get("noise_ratio") for r in rs],
+        "verdicts": [r["diagnosis"]["verdict"] for r in rs],
         "rel_rms": [_analyzer.relative_to_scale(r["signature"])["rel_rms"]
                     for r in rs],
         "share_differ": [r["signature"]["share_differ"] for r in rs],

@@ -10,8 +10,11 @@ number is expected) and writes two files into a directory:
   parser reads the file.
 * ``report.html``: one file with no external reference (inline CSS, plots as
   inline SVG drawn by :mod:`peat_jax.report._charts`, no JavaScript). Sections, in
-  order: title (kernel under test, model scenario), verdict badge and
-  summary, crash and hang findings, Detector table (worst site first),
+  order: title (kernel under test, model scenario); the first screen
+  (:mod:`peat_jax.report._overview`): verdict badge and summary, what
+  decided it, and the site map (every site at every checkpoint, colored
+  by verdict, sized by noise ratio); crash and hang findings; the evidence
+  per site (one collapsed row per site, worst first);
   localization, shapes beyond training (the fuzz verdict, kept apart from
   the training verdict, and each site's variants), noise-ratio heat
   table (sites x steps), noise ratio over training (per site against the
@@ -47,6 +50,7 @@ are marked *, everything else may be missing or ``None``::
                          peat.analyzer.metric_ratios of the record shown
     verdict*     "pass"|"warn"|"fail"
     steps        [int]   checkpoint steps of the per-step lists below
+    verdicts     [str]   each step's record verdict (default: the site's)
     noise_ratio  [float] pseudo-error RMS / noise floor, per step
     rel_rms      [float] relative RMS error against the tensor's scale, per step
     share_differ [float] share of differing elements, per step
@@ -113,6 +117,7 @@ import pathlib
 from typing import Any, Mapping, Sequence
 
 from peat_jax.report import _charts as _svg
+from peat_jax.report import _overview
 from peat_jax.report import _sections
 from peat_jax.report import _shapes
 from peat_jax.report._charts import esc, fmt
@@ -120,7 +125,6 @@ from peat_jax.report._markup import chip as _chip
 from peat_jax.report._markup import note as _note
 from peat_jax.report._markup import table as _table
 from peat_jax import core as _core
-from peat_jax import detector as _detector
 from peat_jax.report._schema import (
     HTML_NAME, JSON_NAME, ReportPaths, _NUM, _plain, _validate)
 
@@ -156,6 +160,14 @@ code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;
 .plots svg{border:1px solid #e5e8eb;border-radius:4px}
 .scroll{overflow-x:auto}
 .covers{font-size:13px;color:#3c4650;margin:4px 0 0;max-width:1000px}
+.decided h3{margin:12px 0 4px}.decided ol{margin:0 0 8px;padding-left:22px}
+.decided li{margin:0 0 6px}.why{color:#3c4650;font-size:13px}
+details.site{border:1px solid #dde1e5;border-radius:4px;margin:3px 0}
+details.site summary{cursor:pointer;padding:4px 8px;list-style-position:
+ inside}details.site[open] summary{border-bottom:1px solid #dde1e5}
+details.site p{margin:6px 10px}summary.r-fail{background:#fdecea}
+summary.r-warn{background:#fff6db}.rank{display:inline-block;min-width:
+ 22px;color:#5f6b76}.meta{color:#3c4650;font-size:13px;margin-left:6px}
 footer{margin-top:30px;color:#5f6b76;font-size:12px;border-top:1px solid
  #dde1e5;padding-top:8px}
 """
@@ -163,40 +175,18 @@ _BIT_COLORS = {"sign": "#c5221f", "exponent": "#d9730d",
                "mantissa": "#1f5fa8"}
 
 
-def _worst_ratio(site: Mapping) -> float:
-  vals = [v for v in site.get("noise_ratio") or [] if v is not None]
-  if any(isinstance(v, float) and v == math.inf for v in vals):
-    return math.inf
-  finite = [float(v) for v in vals if isinstance(v, _NUM) and
-            math.isfinite(v)]
-  return max(finite) if finite else -1.0
-
-
-def _sorted_sites(sites: Sequence[Mapping]) -> list[Mapping]:
-  """Worst first: verdict, then largest noise ratio, then confidence."""
-  def confidence(s: Mapping) -> float:
-    c = s.get("confidence")
-    return c if isinstance(c, _NUM) and math.isfinite(c) else 0.0
-
-  return sorted(sites, key=lambda s: (
-      -_detector.severity(s["verdict"]), -_worst_ratio(s), -confidence(s), s["site"]))
-
-
 def _section_verdict(d: Mapping) -> str:
+  """The first screen: badge and summary, what decided it, the site map."""
   v = d["verdict"]
-  out = ['<section id="verdict"><div class="verdict">',
-         f'<div class="badge v-{esc(v["verdict"])}">'
-         f'{esc(v["verdict"].upper())}</div>',
-         f'<p class="summary">{esc(v["summary"])}</p></div>',
-         _sections.covers_line(d), _shapes.verdict_line(d)]
-  deciding = v.get("deciding") or []
-  if deciding:
-    shown = ", ".join(f"<code>{esc(s)}</code> at step {esc(fmt(t))}"
-                      for s, t in deciding[:8])
-    more = (f" and {len(deciding) - 8} more" if len(deciding) > 8 else "")
-    out.append(f"<p>Deciding records: {shown}{esc(more)}.</p>")
-  out.append("</section>")
-  return "".join(out)
+  return "".join([
+      '<section id="verdict"><div class="verdict">',
+      f'<div class="badge v-{esc(v["verdict"])}">'
+      f'{esc(v["verdict"].upper())}</div>',
+      f'<p class="summary">{esc(v["summary"])}</p></div>',
+      _overview.decided(d),
+      '<div class="scroll">'
+      + _overview.site_map(d["sites"], v.get("deciding") or []) + "</div>",
+      _sections.covers_line(d), _shapes.verdict_line(d), "</section>"])
 
 
 def finding_cause(c: Mapping) -> str:
@@ -232,56 +222,6 @@ def _section_crashes(d: Mapping) -> str:
                      "signal or limit", "message"], rows, (2,), classes))
   out.append("</section>")
   return "".join(out)
-
-
-def _section_detector(sites: Sequence[Mapping]) -> str:
-  out = ['<section id="detector"><h2>Detector diagnoses</h2>']
-  if not sites:
-    out.append(_note("No sites were profiled."))
-  else:
-    rows, classes = [], []
-    for i, s in enumerate(_sorted_sites(sites)):
-      ratio = _worst_ratio(s)
-      rows.append([
-          str(i + 1), f"<code>{esc(s['site'])}</code>",
-          esc(s.get("kernel") or "\u2014"), esc(s["direction"]),
-          f"<b>{esc(s['model'])}</b>" + (
-              f" + {esc(s['secondary']['model'])}" if s.get("secondary")
-              else ""), esc(fmt(s.get("confidence"), 3)),
-          esc(fmt(ratio, 3) if ratio >= 0 else "\u2014"),
-          _ratios_cell(s.get("ratios")),
-          esc(s.get("evidence") or ""), _chip(s["verdict"])])
-      classes.append(f"r-{esc(s['verdict'])}")
-    out.append('<p>One row per site, worst first (verdict, then largest '
-               'noise ratio over steps, then confidence).</p>')
-    out.append('<p>Ratios: the KUT\'s error against the float64 reference '
-               'over the golden kernel\'s, per metric (RMSE, mean and max '
-               'relative error, small-value error rate), its error balance '
-               '(bias), its share beyond 32 ulps (float32) or 1 ulp (16-bit) '
-               'and its NaN/Inf mismatches with golden (not 0: a hard '
-               'fail), at the record shown.</p>')
-    out.append(_table(["#", "site", "kernel", "direction", "error model",
-                       "confidence", "max noise ratio", "ratios vs golden",
-                       "evidence", "verdict"], rows, (0, 5, 6), classes))
-  out.append("</section>")
-  return "".join(out)
-
-
-def _ratios_cell(r: Mapping | None) -> str:
-  """The ratio view of one site in a few numbers."""
-  if not r:
-    return "\u2014"
-  parts = [f"{name} {fmt(r.get(key), 3)}x" for key, name in (
-      ("rmse", "RMSE"), ("mean_rel", "mean rel"), ("max_rel", "max rel"),
-      ("small_err", "small"))
-           if isinstance(r.get(key), _NUM)]
-  if isinstance(r.get("bias"), _NUM):
-    parts.append(f"bias {fmt(r['bias'], 2)}")
-  if isinstance(r.get("beyond_ulps"), _NUM):
-    parts.append(f"beyond ulps {fmt(100 * r['beyond_ulps'], 3)}%")
-  if r.get("nonfinite_mismatch"):
-    parts.append(f"<b>NaN/Inf mismatch {int(r['nonfinite_mismatch'])}</b>")
-  return "<br>".join(esc(p) if not p.startswith("<b>") else p for p in parts)
 
 
 def _section_localization(d: Mapping) -> str:
@@ -359,7 +299,7 @@ def _bits_plot(s: Mapping) -> str:
 def _section_top(sites: Sequence[Mapping], top: int) -> str:
   out = ['<section id="top-sites"><h2>Error distributions of the top '
          'sites</h2>']
-  chosen = [s for s in _sorted_sites(sites) if s["model"] != "exact" and (
+  chosen = [s for s in _overview.sorted_sites(sites) if s["model"] != "exact" and (
       s.get("rel_hist") or s.get("ulp_hist") or s.get("bits_xor"))]
   if not chosen:
     out.append(_note("No error histograms in the data (sites diagnosed "
@@ -559,7 +499,7 @@ def render_html(data: Mapping, *, json_name: str = JSON_NAME,
            + (f" &middot; created {esc(created)}" if created else "")
            + "</p></header>",
            _section_verdict(d), _section_crashes(d),
-           _section_detector(sites),
+           _overview.section_evidence(sites),
            _section_localization(d), _shapes.section_fuzz(d),
            _section_heat(sites),
            _sections.section_trends(sites),

@@ -150,7 +150,10 @@ def _validate(d: Mapping) -> None:
       _get(sec, "model", w + "secondary.", (str,), "an error-model name")
     if s.get("steps") is not None:
       _get(s, "steps", w, _SEQ, "a list of steps")
-      _same_len(s, ("noise_ratio", "rel_rms", "share_differ"), "steps", w)
+      _same_len(s, ("noise_ratio", "rel_rms", "share_differ", "verdicts"),
+                "steps", w)
+      for j, rv in enumerate(s.get("verdicts") or []):
+        _check_verdict(rv, f"{w}'verdicts'[{j}]")
     h = _get(s, "rel_hist", w, (dict,), '{"edges", "counts"}', False)
     if h is not None:
       e = _get(h, "edges", w + "rel_hist.", _SEQ, "a list of bin edges")

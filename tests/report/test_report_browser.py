@@ -129,3 +129,44 @@ def test_rendered_dom_has_verdict_and_sites(report, tmp_path):
   for site in data["sites"]:
     assert html.escape(site["site"], quote=False) in dom
   assert dom.count("<svg") >= 10
+
+
+_MEASURE = """<script>
+addEventListener('load', () => {
+  const box = (el) => el ? el.getBoundingClientRect() : null;
+  const b = (sel) => { const r = box(document.querySelector(sel));
+                       return r ? [Math.round(r.top), Math.round(r.bottom),
+                                   Math.round(r.width)] : null; };
+  const out = {badge: b('.badge'), decided: b('.decided'),
+               map: b('#site-map'), evidence: b('#detector details'),
+               open: document.querySelectorAll('details[open]').length,
+               dots: document.querySelectorAll('#site-map circle.rec').length,
+               rows: document.querySelectorAll('#detector details').length};
+  const p = document.createElement('pre');
+  p.id = 'measured'; p.textContent = JSON.stringify(out);
+  document.body.appendChild(p);
+});
+</script>"""
+
+
+def test_first_screen_holds_verdict_decision_and_site_map(report, tmp_path):
+  """Laid out by Chromium at 1280x900: the badge, what decided it and the
+  whole site map lie on the first screen; the per-site evidence follows,
+  one collapsed row per site."""
+  import json  # pylint: disable=import-outside-toplevel
+  data, paths = report
+  page = tmp_path / "measured.html"
+  page.write_text(paths.html.read_text(encoding="utf-8").replace(
+      "</body>", _MEASURE + "</body>"), encoding="utf-8")
+  dom = _chromium(tmp_path, "--window-size=1280,900", "--dump-dom",
+                  "--virtual-time-budget=5000", page.as_uri()).stdout.decode()
+  got = json.loads(html.unescape(dom.split('<pre id="measured">')[1]
+                                 .split("</pre>")[0]))
+  screen = 900
+  assert got["badge"][1] < got["decided"][0] < got["map"][0]
+  assert got["map"][1] <= screen, f"site map ends at {got['map'][1]} px"
+  assert got["evidence"][0] > got["map"][1]
+  assert got["open"] == 0 and got["rows"] == len(data["sites"])
+  n = sum(len(s["steps"]) for s in data["sites"]
+          if s.get("steps") is not None)
+  assert got["dots"] == n > 0
