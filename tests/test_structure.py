@@ -149,7 +149,8 @@ def test_nothing_outside_peat_jax_imports_a_private_module():
       for line, mod in _imports(path):
         if _private_uses(mod):
           bad.append(f"{os.path.relpath(path, ROOT)}:{line}: {mod}")
-  docs = glob.glob(os.path.join(ROOT, "docs", "*.md")) + [
+  docs = glob.glob(os.path.join(ROOT, "docs", "**", "*.md"),
+                   recursive=True) + [
       os.path.join(ROOT, "README.md"), os.path.join(ROOT, "BUILD.md")]
   for path in docs:
     for i, line in enumerate(open(path, encoding="utf-8"), 1):

@@ -37,7 +37,7 @@ Fuzz (--fuzz): for each site of the KUT's kernel that peat-profile
 captured, the KUT on variants of its real inputs (other batch sizes, one
 row, lengths around multiples of 8..128 and 4096 and past 2^14, attention
 masks and head layouts, magnitudes up to the overflow edge, denormals;
-peat.fuzz, docs/profiler.md), each compared with the golden kernel and the
+peat.fuzz, docs/fuzz.md), each compared with the golden kernel and the
 float64 reference, recorded in <campaign_dir>/fuzz.msgpack; --fuzz_budget,
 --fuzz_seed, --fuzz_families narrow it. The golden kernel of a composite
 site is the model's own function when the task flags (--scenario ... or

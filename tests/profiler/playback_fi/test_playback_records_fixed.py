@@ -14,7 +14,7 @@ carried to its later records (``port.carried_from``, ``port.tried`` the
 carried hypothesis), which are not decomposed where it explains them by
 rounded inputs (their decomposition fields neutral but the screen's); the
 diagnoses, verdicts, ports' magnitudes and every other field are those of
-before, docs/profiler.md; all four again when a primitive site's probe
+before, docs/playback_cost.md; all four again when a primitive site's probe
 moved to the device: a first checkpoint's records that rounded inputs
 explain are not decomposed either, the rest as before; all four again
 for the Detector as hypotheses: new Signature and port fields, every
@@ -28,7 +28,7 @@ exact on structure, names, models, verdicts and element counts, within
 stated tolerances on the float statistics that another processor's
 rounding of golden moves). On one machine the records are bitwise
 reproducible: ``make.py --out=DIR`` at two commits and ``cmp`` compares
-them byte for byte (how refactors are checked, docs/profiler.md).
+them byte for byte (how refactors are checked, docs/playback_cost.md).
 """
 
 import importlib.util
