@@ -37,6 +37,8 @@ KEEP_LINES = 12
 WHOLE_LINES = 14
 _STAMP = re.compile(r"^# output at \S+")
 _SUMMARY = re.compile(r"^KUT \S+ on \S+: (PASS|WARN|FAIL)$")
+#: Where a verdict summary ends: provenance, then the files written.
+_SUMMARY_END = ("provenance:", "report:", "data:", "verdict:")
 _PROGRESS = re.compile(r"^(WARNING|I\d{4}|W\d{4}|\[peat\])")
 
 
@@ -47,19 +49,28 @@ def cut(output: str) -> list[str]:
     output: stdout and stderr of the command.
 
   Returns:
-    The whole output (log noise dropped) when it is short; otherwise the
-    lines from its last verdict summary on, at most :data:`KEEP_LINES`,
-    with ``...`` where lines were left out.
+    The whole output (log noise dropped) when it is short. A long one
+    with a verdict: its last ``KUT ...: VERDICT`` summary up to the
+    provenance and file lines, at most :data:`KEEP_LINES`, and the
+    ``--fail_on`` line; without one, its first lines. ``...`` marks lines
+    left out.
   """
   lines = [ln.rstrip() for ln in output.splitlines()
            if ln.strip() and not _PROGRESS.match(ln)]
   if len(lines) <= WHOLE_LINES:
     return lines
   starts = [i for i, ln in enumerate(lines) if _SUMMARY.match(ln.strip())]
-  tail = lines[starts[-1]:] if starts else lines[-KEEP_LINES:]
-  if len(tail) > KEEP_LINES:
-    tail = tail[:KEEP_LINES - 2] + ["  ..."] + tail[-1:]
-  return tail
+  if not starts:
+    return lines[:KEEP_LINES - 1] + ["..."]
+  body = []
+  for ln in lines[starts[-1]:]:
+    if ln.strip().startswith(_SUMMARY_END):
+      break
+    body.append(ln)
+  if len(body) > KEEP_LINES:
+    body = body[:KEEP_LINES - 1] + ["  ..."]
+  gate = [ln for ln in lines if "reaches --fail_on" in ln]
+  return body + gate[-1:]
 
 
 def commit(allow_dirty: bool) -> str:
