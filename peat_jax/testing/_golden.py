@@ -30,6 +30,8 @@ class GoldenMismatchError(AssertionError):
   Attributes:
     diagnosis: the Detector's :class:`peat_jax.Diagnosis`.
   """
+  # Tracebacks and pytest name it where users import it from.
+  __module__ = "peat_jax.testing"
 
   def __init__(self, message: str, diagnosis: Any):
     super().__init__(message)
