@@ -41,6 +41,7 @@ from peat_jax import core as _core
 from peat_jax.core import PeatError
 # Re-exported: the campaign layers, reachable from one module.
 from peat_jax.profiler.playback_fi import playback
+from peat_jax.profiler.playback_fi import select_calls
 from peat_jax.profiler.runtime_fi import parse_frequency
 from peat_jax.profiler.runtime_fi import runtime
 from peat_jax.profiler.isolation import TaskFactory
@@ -290,6 +291,28 @@ def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,
   return bool(isolate)
 
 
+def _check_sites_first(task: TrainTask, kut: _kut.CheckedSpec,
+                       select: str | Sequence[str] | None, seed: int) -> None:
+  """Refuses a KUT with no site to run at before the golden run trains.
+
+  The sites are found on the step traced with the initial state's shapes
+  (``jax.eval_shape``: nothing is computed), as playback selects them.
+  The same check runs again on the golden run's first checkpoint; a task
+  whose initial state cannot be traced abstractly is left to that one.
+
+  Raises:
+    PeatError: no site of the KUT's kernel, phase or pattern in the step
+      (the message lists the step's close kernels), or both ``select``
+      and a spec pattern.
+  """
+  try:
+    state = jax.eval_shape(lambda: task.init_state(seed))
+  except Exception:  # pylint: disable=broad-except
+    return  # not traceable abstractly: the checkpoint's check decides
+  select_calls(task, state, task.batch_at(0), kut._replace(backward="golden"),
+               select)
+
+
 def validate(task: TrainTask | TaskFactory,
              kut_spec: "str | _kut.KutSpec",
              campaign_dir: str | os.PathLike,
@@ -438,6 +461,7 @@ def validate(task: TrainTask | TaskFactory,
   n = 4 if fz is None else 5  # the campaign's stages
   with campaign_lock(directory):
     _check_settings(directory, settings)
+    _check_sites_first(task, kut, select, seed)
     t0 = time.perf_counter()
     say(f"[1/{n}] golden run: {steps} steps, checkpoint every "
         f"{checkpoint_every} -> {directory}/golden")
