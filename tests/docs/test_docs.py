@@ -87,3 +87,35 @@ def test_listing_counts_the_blocks():
                        capture_output=True, text=True, check=True)
   n = sum(len(bs) for bs in PAGES.values())
   assert f"{n} blocks in {len(PAGES)} pages" in res.stdout
+
+
+def _anchors(path: pathlib.Path) -> set[str]:
+  """GitHub's anchors of a page's headings."""
+  out = set()
+  for line in path.read_text(encoding="utf-8").splitlines():
+    m = re.match(r"#+ (.*)", line)
+    if m:
+      out.add(re.sub(r"[^\w\- ]", "", m.group(1).strip().lower())
+              .replace(" ", "-"))
+  return out
+
+
+def test_relative_links_resolve():
+  """Every relative link of README.md, BUILD.md, CHANGELOG.md and docs/
+  names a file that exists, and a heading of it where it names one."""
+  pages = [_blocks.ROOT / n for n in ("BUILD.md", "CHANGELOG.md")]
+  bad = []
+  for page in _blocks.pages() + pages:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"),
+                  flags=re.S)
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+      if link.startswith(("http:", "https:", "mailto:")):
+        continue
+      path, _, anchor = link.partition("#")
+      target = (page.parent / path).resolve() if path else page
+      if not target.exists():
+        bad.append(f"{page.name}: {link}")
+      elif anchor and target.suffix == ".md" and (
+          anchor not in _anchors(target)):
+        bad.append(f"{page.name}: {link} (no such heading)")
+  assert not bad, f"links that lead nowhere: {bad}"
