@@ -5,13 +5,21 @@ already escaped HTML."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from peat_jax.report._charts import esc
 
 
 def chip(verdict: str) -> str:
   return f'<span class="chip v-{esc(verdict)}">{esc(verdict)}</span>'
+
+
+def model(record: Mapping) -> str:
+  """A diagnosis's error model in bold, with its second cause when given
+  (a site, or a fuzz variant)."""
+  second = record.get("secondary")
+  return f"<b>{esc(record['model'])}</b>" + (
+      f" + {esc(second['model'])}" if second else "")
 
 
 def note(text: str) -> str:

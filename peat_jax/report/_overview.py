@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from peat_jax import detector as _detector
 from peat_jax.report._charts import esc, fmt
 from peat_jax.report._markup import chip as _chip
+from peat_jax.report._markup import model as _model
 from peat_jax.report._markup import note as _note
 from peat_jax.report._schema import _NUM
 
@@ -46,6 +47,12 @@ def worst_ratio(site: Mapping) -> float:
   vals = [_num(v) for v in site.get("noise_ratio") or []]
   vals = [v for v in vals if v is not None and not math.isnan(v)]
   return max(vals) if vals else -1.0
+
+
+def _worst_text(site: Mapping) -> str:
+  """The site's largest noise ratio, escaped (a dash when it has none)."""
+  ratio = worst_ratio(site)
+  return esc(fmt(ratio, 3) if ratio >= 0 else None)
 
 
 def sorted_sites(sites: Sequence[Mapping]) -> list[Mapping]:
@@ -255,15 +262,11 @@ def decided(d: Mapping) -> str:
   for name in ordered[:SHOWN_DECIDING]:
     s = by_name[name]
     at = ", ".join(fmt(t) for t in sorted(steps[name]))
-    ratio = worst_ratio(s)
-    model = f"<b>{esc(s['model'])}</b>" + (
-        f" + {esc(s['secondary']['model'])}" if s.get("secondary") else "")
     out.append(
         f'<li value="{rank[name]}">{_chip(s["verdict"])} '
         f'<code>{esc(name)}</code> ({esc(s.get("kernel") or "")}'
         f'{", " if s.get("kernel") else ""}{esc(s["direction"])}) at step '
-        f'{esc(at)}: {model}, noise ratio up to '
-        f'{esc(fmt(ratio, 3) if ratio >= 0 else None)}.'
+        f'{esc(at)}: {_model(s)}, noise ratio up to {_worst_text(s)}.'
         f'<div class="why">{esc(s.get("evidence") or "")}</div></li>')
   out.append("</ol>")
   rest = len(ordered) - SHOWN_DECIDING
@@ -295,14 +298,11 @@ def ratios_cell(r: Mapping | None) -> str:
 
 
 def _site_details(i: int, s: Mapping) -> str:
-  ratio = worst_ratio(s)
-  model = f"<b>{esc(s['model'])}</b>" + (
-      f" + {esc(s['secondary']['model'])}" if s.get("secondary") else "")
   head = (f'<summary class="r-{esc(s["verdict"])}"><span class="rank">'
           f'{i}</span>{_chip(s["verdict"])} <code>{esc(s["site"])}</code> '
           f'<span class="meta">{esc(s.get("kernel") or "")} '
-          f'{esc(s["direction"])} &middot; {model} &middot; noise ratio '
-          f'{esc(fmt(ratio, 3) if ratio >= 0 else None)}</span></summary>')
+          f'{esc(s["direction"])} &middot; {_model(s)} &middot; noise ratio '
+          f'{_worst_text(s)}</span></summary>')
   body = [f"<p>{esc(s.get('evidence') or 'No evidence sentence.')}</p>",
           f"<p>Confidence {esc(fmt(s.get('confidence'), 3))}. Ratios vs "
           f"golden: {ratios_cell(s.get('ratios'))}.</p>"]

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from peat_jax import detector as _detector
 from peat_jax.report._charts import esc, fmt
-from peat_jax.report._markup import chip, empty_section, note, table
+from peat_jax.report._markup import chip, empty_section, model, note, table
 
 #: What the training verdict covers, and what the fuzz verdict adds.
 SCOPE = ("The training verdict covers the training's shapes only: the "
@@ -167,10 +167,8 @@ def verdict_line(d: Mapping) -> str:
 
 
 def _variant_row(v: Mapping) -> list[str]:
-  model = f"<b>{esc(v['model'])}</b>" + (
-      f" + {esc(v['secondary']['model'])}" if v.get("secondary") else "")
   return [f"<code>{esc(v['variant'])}</code>", esc(v.get("family") or ""),
-          esc(_shapes_text(v.get("shapes"))), model, chip(v["verdict"]),
+          esc(_shapes_text(v.get("shapes"))), model(v), chip(v["verdict"]),
           esc(fmt(v.get("noise_ratio"), 3)),
           esc(v.get("golden_from") or "\u2014"),
           esc(v.get("evidence") or "")]
