@@ -101,24 +101,18 @@ def block_text(block: _blocks.Block, outputs: list[str], sha: str) -> str:
 
 def regenerate(page: pathlib.Path, workdir: pathlib.Path, raw: pathlib.Path,
                sha: str) -> dict[int, str]:
-  """Runs a page's blocks; returns ``{block line: new body}``."""
-  blocks = _blocks.page_blocks(page)
-  _blocks.prepare(workdir)
-  env = _blocks.environment(workdir)
+  """Runs a page's blocks as the docs test does, the output of its text
+  blocks recorded rather than checked; returns ``{block line: new body}``."""
   new = {}
-  for b in blocks:
-    if not b.runnable or b.skip is not None:
-      continue
+
+  def run(b: _blocks.Block, wd: pathlib.Path, prefix: str) -> None:
     if b.kind != "text":
-      _blocks.run_block(b, workdir)
-      continue
+      _blocks.run_block(b, wd, prefix)
+      return
     outputs = []
     for k, cmd in enumerate(b.commands()):
       print(f"[{b.where}] $ {cmd.text.splitlines()[0]}", flush=True)
-      res = subprocess.run(["bash", "-o", "pipefail", "-c", cmd.text],
-                           cwd=_blocks.ROOT if b.cwd_repo else workdir,
-                           env=env, capture_output=True, text=True,
-                           timeout=_blocks.SLOW_TIMEOUT_S)
+      res = _blocks.run_command(b, cmd, wd, _blocks.SLOW_TIMEOUT_S)
       text = res.stdout + res.stderr
       if res.returncode and f"exit status {res.returncode}" not in text:
         text += f"\nexit status {res.returncode}\n"
@@ -127,6 +121,10 @@ def regenerate(page: pathlib.Path, workdir: pathlib.Path, raw: pathlib.Path,
                               encoding="utf-8")
       outputs.append(text)
     new[b.line] = block_text(b, outputs, sha)
+
+  for _ in _blocks.run_page(_blocks.page_blocks(page), workdir,
+                            include_slow=True, run=run):
+    pass
   return new
 
 

@@ -39,7 +39,7 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Block languages whose content is commands or code that runs.
@@ -213,8 +213,9 @@ class BlockFailed(AssertionError):
 
 
 def _run(argv: Sequence[str], block: Block, cwd: pathlib.Path,
-         env: dict[str, str], what: str) -> subprocess.CompletedProcess:
-  limit = SLOW_TIMEOUT_S if block.slow else TIMEOUT_S
+         env: dict[str, str], what: str,
+         limit: float | None = None) -> subprocess.CompletedProcess:
+  limit = limit or (SLOW_TIMEOUT_S if block.slow else TIMEOUT_S)
   try:
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=limit)
@@ -226,6 +227,27 @@ def _run(argv: Sequence[str], block: Block, cwd: pathlib.Path,
 
 def _tail(text: str, n: int = 3000) -> str:
   return text if len(text) <= n else "..." + text[-n:]
+
+
+def run_command(block: Block, cmd: Command, workdir: pathlib.Path,
+                limit: float | None = None) -> subprocess.CompletedProcess:
+  """Runs one command of a block where the block runs, unchecked.
+
+  Args:
+    block: the block the command belongs to.
+    cmd: the command.
+    workdir: the page's directory (:func:`prepare`).
+    limit: seconds it may take (None: the block's limit).
+
+  Returns:
+    The finished process (stdout and stderr as text).
+
+  Raises:
+    BlockFailed: it ran past the limit.
+  """
+  return _run(["bash", "-e", "-o", "pipefail", "-c", cmd.text], block,
+              ROOT if block.cwd_repo else workdir, environment(workdir),
+              f"'{cmd.text.splitlines()[0]}'", limit)
 
 
 def run_block(block: Block, workdir: pathlib.Path,
@@ -244,13 +266,13 @@ def run_block(block: Block, workdir: pathlib.Path,
     BlockFailed: a command's status, or a documented verdict line, differs
       from the page.
   """
-  env = environment(workdir)
-  cwd = ROOT if block.cwd_repo else workdir
   if block.kind == "python":
     script = workdir / f"_block_{block.line}.py"
     script.write_text(python_prefix + block.body + "\n", encoding="utf-8")
     want = block.exit_status or 0
-    res = _run([sys.executable, str(script)], block, cwd, env, "the script")
+    res = _run([sys.executable, str(script)], block,
+               ROOT if block.cwd_repo else workdir, environment(workdir),
+               "the script")
     if res.returncode != want:
       raise BlockFailed(f"{block.where}: the python block exited "
                         f"{res.returncode} (expected {want}):\n"
@@ -258,8 +280,7 @@ def run_block(block: Block, workdir: pathlib.Path,
     return res.stdout + res.stderr
   out = []
   for cmd in block.commands():
-    res = _run(["bash", "-e", "-o", "pipefail", "-c", cmd.text], block, cwd,
-               env, f"'{cmd.text.splitlines()[0]}'")
+    res = run_command(block, cmd, workdir)
     text = res.stdout + res.stderr
     if res.returncode != cmd.exit_status:
       raise BlockFailed(f"{block.where}: '{cmd.text}' exited "
@@ -277,12 +298,17 @@ def run_block(block: Block, workdir: pathlib.Path,
 
 
 def run_page(blocks: Sequence[Block], workdir: pathlib.Path,
-             include_slow: bool) -> Iterator[Block]:
+             include_slow: bool,
+             run: Callable[[Block, pathlib.Path, str], object] | None = None
+             ) -> Iterator[Block]:
   """Runs a page's runnable blocks in order, yielding each one run.
 
   Without ``include_slow`` it stops at the first slow block: later blocks
-  may read what that one wrote.
+  may read what that one wrote. ``run(block, workdir, python_prefix)``
+  runs one block (default :func:`run_block`); a python block that the
+  next one continues runs as that one's prefix.
   """
+  run = run or run_block
   prepare(workdir)
   prefix = ""
   runnable = [b for b in blocks if b.runnable and b.skip is None]
@@ -293,7 +319,7 @@ def run_page(blocks: Sequence[Block], workdir: pathlib.Path,
     if b.kind == "python" and following is not None and following.joined:
       prefix += b.body + "\n"  # runs with the block that continues it
       continue
-    run_block(b, workdir, prefix if b.joined else "")
+    run(b, workdir, prefix if b.joined else "")
     if b.kind == "python":
       prefix = ""
     yield b
