@@ -20,7 +20,8 @@ import blocks as _blocks  # pylint: disable=wrong-import-position
 
 PAGES = {str(p.relative_to(_blocks.ROOT)): _blocks.page_blocks(p)
          for p in _blocks.pages()}
-_TOOL = re.compile(r"(?:python -m peat_jax\.tools\.|peat-)([a-z_]+)")
+_MODULE = re.compile(r"python -m peat_jax\.tools\.([a-z_]+)")
+_SCRIPT = re.compile(r"(?<![\w/.-])(peat-[a-z]+)")
 
 
 def _runnable(page: str) -> list[_blocks.Block]:
@@ -46,18 +47,22 @@ def test_every_page_parses_and_has_no_unrun_command():
 
 
 def test_documented_tools_exist():
-  """Every peat_jax tool a block names is a module of peat_jax.tools."""
+  """Every peat_jax tool a block names exists: ``python -m
+  peat_jax.tools.X`` a module of peat_jax.tools, ``peat-X`` a console
+  script of pyproject.toml."""
   import peat_jax.tools as tools  # pylint: disable=import-outside-toplevel
-  known = {p.stem for p in pathlib.Path(tools.__file__).parent.glob("*.py")}
-  scripts = {"validate", "golden", "sites", "profile", "playback", "runtime",
-             "analyze", "detect", "report", "scaleout", "repro"}
+  modules = {p.stem for p in pathlib.Path(tools.__file__).parent.glob("*.py")}
+  scripts = set(re.findall(r"(?m)^(peat-[a-z]+) = ",
+                           (_blocks.ROOT / "pyproject.toml").read_text()))
+  assert scripts, "pyproject.toml lists no peat-* console script"
   missing = []
   for bs in PAGES.values():
     for b in bs:
       if b.runnable:
-        for name in _TOOL.findall(b.body):
-          if name not in known | scripts:
-            missing.append(f"{b.where}: {name}")
+        missing += [f"{b.where}: peat_jax.tools.{m}"
+                    for m in _MODULE.findall(b.body) if m not in modules]
+        missing += [f"{b.where}: {n}" for n in _SCRIPT.findall(b.body)
+                    if n not in scripts]
   assert not missing, f"blocks name tools that do not exist: {missing}"
 
 
