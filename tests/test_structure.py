@@ -10,7 +10,7 @@
   packages only through a package's facade, and never reach the model zoo,
   the tools, the bridges or torch;
 * inside a package made of parts (:data:`PARTS`: the Analyzer's references,
-  signature and probes; the Detector's facts, hypotheses, verdicts and
+  signature, slips and probes; the Detector's facts, hypotheses, verdicts and
   calibration; the Profiler's campaign files, golden runs,
   playback, runtime FI, captures, isolation, scale-out, campaigns),
   imports point one way along the parts and across parts only through a
@@ -61,7 +61,7 @@ LAYERS = ("core", "sites", "kernels", "injectors", "analyzer", "detector",
 #: Packages made of parts (sub-packages), lowest part first: a part imports
 #: only parts before it (and itself), through their facades.
 PARTS = {
-    "analyzer": ("references", "signature", "probes"),
+    "analyzer": ("references", "signature", "slips", "probes"),
     "detector": ("facts", "hypotheses", "verdicts", "calibration"),
     "profiler": ("files", "golden", "playback_fi", "runtime_fi", "capture",
                  "isolation", "scaleout", "fuzz", "campaigns"),

@@ -34,6 +34,9 @@ from peat_jax.analyzer.signature import size_bucket as size_bucket
 from peat_jax.analyzer.signature import split_on_device as split_on_device
 from peat_jax.analyzer.signature import relative_to_scale as relative_to_scale
 from peat_jax.analyzer.probes import invariance_probe as invariance_probe
+from peat_jax.analyzer.slips import LIBRARY_BOUND as LIBRARY_BOUND
+from peat_jax.analyzer.slips import slip_variants as slip_variants
+from peat_jax.analyzer.slips import grammar_table as grammar_table
 from peat_jax.analyzer.probes import needs_probe as needs_probe
 from peat_jax.analyzer.probes import RATIO_METRICS as RATIO_METRICS
 from peat_jax.analyzer.probes import metric_ratios as metric_ratios

@@ -10,8 +10,10 @@ element by a function of its value: formats, port patterns), ``_params`` (parame
 nondeterminism), ``_kernel`` (an error model as a kernel under test),
 ``_trees`` (parameters, gradients, optimizer state), ``_campaigns``
 (many seeded injections as one vmapped program), ``_sparse`` (the few
-elements a sparse model changes, without a copy of the tensor) and
-``_forward`` (fault-injection campaigns over a forward function).
+elements a sparse model changes, without a copy of the tensor),
+``_forward`` (fault-injection campaigns over a forward function) and
+``_slips`` (the slip grammar's slips made at working precision, with the
+calls and slips drawn to test the Detector's slip search).
 docs/error_models.md, docs/injectors.md.
 """
 
@@ -41,3 +43,17 @@ from peat_jax.injectors._trees import InjectGradientsState as InjectGradientsSta
 from peat_jax.injectors._trees import inject_gradients as inject_gradients
 from peat_jax.injectors._trees import inject_tree as inject_tree
 from peat_jax.injectors._trees import tree_path as tree_path
+from peat_jax.injectors._slips import draw_call as draw_call
+from peat_jax.injectors._slips import draw_slip as draw_slip
+from peat_jax.injectors._slips import draw_slip_cases as draw_slip_cases
+from peat_jax.injectors._slips import golden_call as golden_call
+from peat_jax.injectors._slips import golden_value as golden_value
+from peat_jax.injectors._slips import names_slip as names_slip
+from peat_jax.injectors._slips import slip_from_name as slip_from_name
+from peat_jax.injectors._slips import SLIP_KINDS as SLIP_KINDS
+from peat_jax.injectors._slips import slip_visibility as slip_visibility
+from peat_jax.injectors._slips import SlipCase as SlipCase
+from peat_jax.injectors._slips import slipped_call as slipped_call
+from peat_jax.injectors._slips import slipped_kernel as slipped_kernel
+from peat_jax.injectors._slips import slipped_reference as slipped_reference
+from peat_jax.injectors._slips import Visibility as Visibility

@@ -10,6 +10,10 @@ the kernel's float64 reference under each hypothesis of its arithmetic:
 * ``inputs_<fmt>_toward_zero``, ``inputs_<fmt>_nearest_away``: the same
   inputs rounded toward zero (what tensor cores do to raw float32
   operands) or to nearest with ties away;
+* at a normalization (:data:`ACTIVATION_KINDS`), each of these also with
+  only the activation (its first input) rounded and its scale and bias
+  kept: a 16-bit normalization kernel that reads float32 parameters
+  (same name, its sentence says which);
 
 Outputs rounded to a coarser format are the Analyzer's base, fitted
 exactly from the outputs (``signature._base``), not a probe hypothesis.
@@ -41,9 +45,15 @@ LEVEL_FORMATS = ("tf32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2")
 MODES = ("nearest_even", "toward_zero", "nearest_away")
 #: Inputs rounded to a format leave a median relative error near 0.6 u in
 #: the output (the Detector's input_rounding_level); a format is tried in
-#: every mode when the KUT's level lies within this many octaves of it.
+#: every mode when the KUT's level lies within this many octaves of it
+#: (three: a truncation's level is about twice a rounding's, and the next
+#: format of a nested pair, fp8 e5m2 beside e4m3, one octave further).
 INPUT_LEVEL = 0.6
-LEVEL_OCTAVES = 2.0
+LEVEL_OCTAVES = 3.0
+#: Kinds whose first input is the activation and the rest its parameters
+#: (scale, bias), which a kernel may read in float32 beside a 16-bit
+#: activation.
+ACTIVATION_KINDS = ("layer_norm", "rms_norm")
 
 
 def probe_formats(kind: str) -> tuple[str, ...]:
@@ -87,16 +97,18 @@ def rounded_operand(x, fmt: str, mode: str = "nearest_even"):
   return np.asarray(y, np.float64)
 
 
-def _fitting_formats(level: float | None, wider_than: float) -> list[str]:
+def _fitting_formats(level: float | None, wider_than: float,
+                     every: bool = False) -> list[str]:
   """The formats whose input-rounding level is within LEVEL_OCTAVES of
-  ``level`` and coarser than the output's own unit roundoff."""
-  if level is None or not level > 0:
+  ``level`` (``every``: all of them) and coarser than the output's own
+  unit roundoff."""
+  if not every and (level is None or not level > 0):
     return []
   out = []
   for fmt in LEVEL_FORMATS:
     u = _core.FORMATS[fmt].unit_roundoff
-    if u > wider_than and abs(math.log2(level / (INPUT_LEVEL * u))) <= (
-        LEVEL_OCTAVES):
+    if u > wider_than and (every or abs(math.log2(
+        level / (INPUT_LEVEL * u))) <= LEVEL_OCTAVES):
       out.append(fmt)
   return out
 
@@ -105,7 +117,8 @@ def precision_hypotheses(kind: str, args: Sequence[Any],
                          reference_fn: Callable[..., Any],
                          given: Mapping[str, Any] | None = None,
                          level: float | None = None,
-                         out_u: float = 2.0 ** -24) -> list[Variant]:
+                         out_u: float = 2.0 ** -24,
+                         every: bool = False) -> list[Variant]:
   """The precision hypotheses of a site (module doc).
 
   Args:
@@ -117,6 +130,9 @@ def precision_hypotheses(kind: str, args: Sequence[Any],
     level: the KUT's median relative error against the reference (None:
       the keys of :func:`probe_formats` only).
     out_u: the unit roundoff of the output's dtype.
+    every: every format coarser than the output, in every mode (a
+      primitive whose device formats did not explain it: no level, which
+      the device and the host read alike, chooses).
 
   Returns:
     The :class:`~._forms.Variant` list, the device formats first.
@@ -134,7 +150,7 @@ def precision_hypotheses(kind: str, args: Sequence[Any],
                        precision_sentence(fmt, mode), fn,
                        extra={"where": "inputs", "rounding": mode}))
   done = {v.name for v in out}
-  for fmt in _fitting_formats(level, out_u):
+  for fmt in _fitting_formats(level, out_u, every):
     for mode in MODES:
       suffix = "" if mode == "nearest_even" else f"_{mode}"
       if f"inputs_{fmt}{suffix}" in done:
@@ -145,4 +161,18 @@ def precision_hypotheses(kind: str, args: Sequence[Any],
           lambda fmt=fmt, mode=mode: reference_fn(
               *[rounded_operand(a, fmt, mode) for a in args]),
           extra={"where": "inputs", "rounding": mode}))
+  if kind in ACTIVATION_KINDS and len(args) > 1:
+    out += [_activation_only(v, args, reference_fn) for v in list(out)]
   return out
+
+
+def _activation_only(v: Variant, args: Sequence[Any],
+                     reference_fn: Callable[..., Any]) -> Variant:
+  """``v`` with only the first input (the activation) rounded, the
+  parameters kept at their own precision."""
+  fmt, mode = v.model.partition(":")[2], v.extra["rounding"]
+  return Variant(
+      v.model, v.name, f"{precision_sentence(fmt, mode)} (the activation "
+      "only; its scale and bias kept)",
+      lambda: reference_fn(rounded_operand(args[0], fmt, mode), *args[1:]),
+      extra={"where": "activation", "rounding": mode})

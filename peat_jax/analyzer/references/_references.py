@@ -485,6 +485,19 @@ TRACED_REFERENCES: dict[str, Callable[..., Any]] = {
 # The reference of a site, from its recorded call (kernels.kut.recording).
 
 
+def _on_template(fn: Callable[..., Any], params) -> Callable[..., Any]:
+  """``fn`` called with a site's array arguments put back into its call
+  template (``params["template"]``: treedef, leaves, which are arrays)."""
+  treedef, leaves, is_array = params["template"]
+
+  def call(*arrays):
+    it = iter(arrays)
+    lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
+    args, kwargs = jax.tree.unflatten(treedef, lv)
+    return fn(*args, **kwargs)
+  return call
+
+
 def reference_fn(kernel: str, params: dict) -> Callable:
   """A float64-capable golden function of a site from its recorded call.
 
@@ -500,16 +513,13 @@ def reference_fn(kernel: str, params: dict) -> Callable:
   traced = reference_traced(kernel, params)
   if traced is not None:
     return lambda *xs: reference(traced, *xs)
+  if kernel in TRACED_REFERENCES and "template" in params:
+    # The composite's KUT signature (a cross-entropy site's mean, as the
+    # marked function returns it), as its backward site's VJP reads it.
+    traced_call = _on_template(TRACED_REFERENCES[kernel], params)
+    return lambda *xs: reference(traced_call, *xs)
   if kernel in REFERENCES:
-    treedef, leaves, is_array = params["template"]
-    ref = REFERENCES[kernel]
-
-    def f(*arrays):
-      it = iter(arrays)
-      lv = [next(it) if a else v for v, a in zip(leaves, is_array)]
-      args, kwargs = jax.tree.unflatten(treedef, lv)
-      return ref(*args, **kwargs)
-    return f
+    return _on_template(REFERENCES[kernel], params)
   raise PeatError(f"no float64 reference for kernel {kernel!r}; expected one "
                   f"of dot_general, conv_general_dilated, "
                   f"{', '.join(REFERENCES)}")

@@ -253,6 +253,24 @@ def rounded_explains(u: Array, v: Array, r: Array, lo: Array, slack: Array,
   return (base.fmt >= 0) & rep & (out <= theta_e)
 
 
+def rounded_bits(u: Array, dtype, m, mode) -> Array:
+  """The bit patterns ``u`` (of float dtype ``dtype``) with their
+  significands rounded to ``m`` explicit bits (traced), to nearest even
+  (``mode`` 0) or toward zero (1): the golden output as a base rounded to
+  a coarser format holds it (normal values; a carry into the exponent is
+  the rounding's own). The flip test reads the bits in which an outlier
+  differs from it, not from golden's low bits that the rounding
+  dropped."""
+  nmant = int(jnp.finfo(dtype).nmant)
+  ut = u.dtype
+  drop = jnp.clip(nmant - m, 1, nmant).astype(ut)
+  one = jnp.array(1, ut)
+  low = (one << drop) - one
+  lsb = (u >> drop) & one
+  nearest = (u + (low >> one) + lsb) & ~low
+  return jnp.where(mode == 0, nearest, u & ~low)
+
+
 def top_bit(x: Array, nbits: int) -> Array:
   """Index of the highest set bit of unsigned ``x`` (-1 for 0), int32."""
   return (nbits - 1) - lax.clz(x).astype(jnp.int32)

@@ -46,9 +46,10 @@ from jax import lax
 
 from peat_jax import core as _core
 from peat_jax.analyzer.signature._base import (
-    BASE_MIN_SHARE, CLEAR_FACTOR, DENSE_RESIDUAL_MIN, DENSE_RESIDUAL_SHARE,
-    FAR_FACTOR, FAR_QUANTILE, MAX_FLIPS, NEAR_ULPS, excess_ulps,
-    fit_rounded_base, flip_null, flips_needed, rounded_explains, top_bit)
+    BASE_MIN_SHARE, BASE_REPRESENTABLE, CLEAR_FACTOR, DENSE_RESIDUAL_MIN,
+    DENSE_RESIDUAL_SHARE, FAR_FACTOR, FAR_QUANTILE, MAX_FLIPS, NEAR_ULPS,
+    excess_ulps, fit_rounded_base, flip_null, flips_needed,
+    representable_in, rounded_bits, rounded_explains, top_bit)
 from peat_jax.analyzer.signature._bits import _uint, sample_jitter
 from peat_jax.analyzer.signature._layout import (
     Layout, cols_sum, flat, layout, per_element, rows_sum, seg_sum,
@@ -84,6 +85,37 @@ NO_REFERENCE_Z = 256.0
 #: Outliers are also beyond this many times the KUT's median error (its own
 #: dense rounding: rounding to nearest is bounded by 2x its median).
 DENSE_FACTOR = 16.0
+#: ... and beyond ``q**2 / median`` of the KUT's own error, ``q`` its
+#: SPREAD_QUANTILE: where the outputs span orders of magnitude (a
+#: softmax: a few large entries a row, the rest far below the row's
+#: RMS), the KUT's dense error in units of ``u * scale`` spans them too,
+#: and its largest lies far beyond 16 medians (measured up to 2000
+#: medians on softmax with bf16 or fp16 inputs). Its log-magnitudes
+#: extend from the median to the largest by at most twice the span from
+#: the median to the 90th percentile (measured up to 1.84x on softmax
+#: outputs of 60 to 120 terms, bases of bf16, fp16 and tf32 inputs,
+#: bf16 outputs and another order): ``(q / median)**2 x median``. An
+#: error of one magnitude (a sum's rounding: q ~ 3 medians) keeps the
+#: 16 medians. The 90th percentile moves little under a fault of fewer
+#: than a tenth of the elements (a lane of 32 is 3%).
+SPREAD_QUANTILE = 0.9
+#: ... where the KUT's error spans its magnitudes without a gap: a dense
+#: error fills every quarter octave between its median and its 90th
+#: percentile (softmax bases: no empty one), while a fault that moves
+#: more than a tenth of the elements (a zeroed tile, values in the wrong
+#: place) puts the percentile orders of magnitude above the base's
+#: rounding, past an empty stretch: from this many empty quarter-octave
+#: buckets (2 octaves) the term is no dense error's, and is not used.
+SPREAD_GAP = 8
+#: ... and where it rises from the median steadily: from its
+#: SPREAD_BULK_QUANTILE to its 90th percentile its log-magnitude climbs at
+#: most SPREAD_STEP times as far as from the median to that quantile
+#: (measured 0.7 on sums' rounding, 0.8-1.5 on softmax bases, in the
+#: quarter octaves the histogram reads). A fault of a tenth to a quarter
+#: of the elements (a zeroed tile, a stuck bit in 30% of them) lifts the
+#: 90th percentile far above the rest: no dense error's spread.
+SPREAD_BULK_QUANTILE = 0.75
+SPREAD_STEP = 2
 #: A row whose reference RMS is at most this share of the tensor's (exactly
 #: zero rows, or float64 residues of an exact cancellation, such as the
 #: first query's dQ in causal attention: one visible key, dS = 0) has no
@@ -239,6 +271,33 @@ def _sample_quantile(z: Array, valid: Array, rank) -> Array:
   cum = cumsum_small(hist)
   k = jnp.argmax(cum >= rank)
   return jnp.where(k == 0, 0.0, 2.0 ** ((k - 160) / 4.0)).astype(z.dtype)
+
+
+def _spread_envelope(z: Array, valid: Array) -> Array:
+  """``q**2 / median`` of nonnegative ``z`` over ``valid`` (``q`` its
+  SPREAD_QUANTILE, both as :func:`_sample_quantile` reads them), where
+  it rises steadily (SPREAD_STEP) and the quarter-octave buckets between
+  the median and ``q`` leave no empty stretch of SPREAD_GAP; 0 otherwise
+  (or where the median is 0)."""
+  b = jnp.where(z > 0, jnp.clip(jnp.floor(4.0 * jnp.log2(jnp.maximum(
+      z, 1e-30))) + 161, 1, 399), 0).astype(jnp.int32)
+  hist = jnp.zeros((400,), jnp.int32).at[b].add(valid.astype(jnp.int32))
+  cum = cumsum_small(hist)
+  n = jnp.sum(valid)
+  k_med = jnp.argmax(cum >= (n + 1) // 2)
+  k_q = jnp.argmax(cum >= jnp.maximum(jnp.ceil(SPREAD_QUANTILE * n), 1))
+  k_bulk = jnp.argmax(cum >= jnp.maximum(
+      jnp.ceil(SPREAD_BULK_QUANTILE * n), 1))
+  # The longest run of empty buckets strictly between the two.
+  i = jnp.arange(400)
+  empty = (hist == 0) & (i > k_med) & (i < k_q)
+  last_full = lax.cummax(jnp.where(empty, -1, i))
+  gap = jnp.max(jnp.where(empty, i - last_full, 0))
+  edge = lambda k: 2.0 ** ((k - 160) / 4.0)
+  ok = ((k_med > 0) & (gap < SPREAD_GAP)
+        & (k_q - k_bulk <= SPREAD_STEP * jnp.maximum(k_bulk - k_med, 1)))
+  return jnp.where(ok, edge(k_q) ** 2 / edge(jnp.maximum(k_med, 1)),
+                   0.0).astype(z.dtype)
 
 
 def _sample_median(z: Array, valid: Array) -> Array:
@@ -582,7 +641,11 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   live = fp & (r != 0)
   zmed_t = _sample_median(pick(zt), pick(live))
   zmed_g = _sample_median(pick(zg), pick(live))
-  theta = jnp.maximum(theta_g, DENSE_FACTOR * zmed_t)
+  # (A 16-bit record's outliers lie beyond its floor, OUTLIER16_MIN_Z,
+  # far above a rounding's spread in its units: no spread term there.)
+  spread = (_spread_envelope(pick(zt), pick(live)) if dtype.itemsize > 2
+            else 0.0)
+  theta = jnp.maximum(theta_g, jnp.maximum(DENSE_FACTOR * zmed_t, spread))
   if has_ref and dtype.itemsize <= 2:
     theta = jnp.maximum(theta, OUTLIER16_MIN_Z)
   env = theta * unit
@@ -616,7 +679,19 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   # a coincidence (DENSE_RESIDUAL_MIN).
   n_rounded = jnp.sum(rounded, dtype=jnp.int32)
   partial = base.rounded & (n_rounded >= DENSE_RESIDUAL_MIN)
-  out = jnp.where(use_rounded, unexpl & (excess > theta_e),
+  # Over a rounded base that holds BASE_REPRESENTABLE of the elements on
+  # its format's lattice, an element off the lattice is an outlier
+  # however near it lies: no rounding into the format leaves one (a
+  # flipped low bit of a value stored through bf16). Not below the
+  # format's smallest normal, where conversions keep, flush or round
+  # subnormals each their own way.
+  on_lattice = representable_in(ut, dtype, *base.spec) & fp
+  lattice = use_rounded & (
+      jnp.sum(on_lattice, dtype=jnp.int32)
+      >= BASE_REPRESENTABLE * jnp.sum(fp, dtype=jnp.int32))
+  normal_fmt = jnp.abs(tc) >= jnp.ldexp(jnp.ones((), tc.dtype), base.spec[1])
+  off_lattice = fp & ~on_lattice & lattice & normal_fmt
+  out = jnp.where(use_rounded, (unexpl & (excess > theta_e)) | off_lattice,
                   fp & (zt > theta) & ~partial) | new_nf
   n_rounded = jnp.where(use_rounded | (n_rounded >= DENSE_RESIDUAL_MIN),
                         n_rounded, 0)
@@ -629,14 +704,21 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
     d = jnp.abs((v - rr) - ll)
     by_round = rounded_explains(bits, v, rr, ll, sl, base,
                                 jnp.where(use_rounded, theta_e, 0.0), dtype)
-    return jnp.where(use_rounded, by_round | (d <= sl),
+    off = ~representable_in(bits, dtype, *base.spec) & (
+        jnp.abs(v) >= jnp.ldexp(jnp.ones((), v.dtype), base.spec[1]))
+    near = (d <= sl) & ~(lattice & off)
+    return jnp.where(use_rounded, by_round | near,
                      (d <= pick_at(env)) | by_round)
 
   n_out = jnp.sum(out, dtype=jnp.int32)
-  # Bits of the outliers against golden: how many flips of their highest
-  # differing bits bring each back inside the base (counts over all
-  # outliers), the positions' histograms over the first MATCH_OUTLIERS of
-  # them (in memory order).
+  # Bits of the outliers against golden (over a rounded base: golden
+  # rounded to its format, ._base.rounded_bits): how many flips of their
+  # highest differing bits bring each back inside the base (counts over
+  # all outliers), the positions' histograms over the first
+  # MATCH_OUTLIERS of them (in memory order).
+  x_golden = ut ^ ug
+  ug = jnp.where(use_rounded & fin_g,
+                 rounded_bits(ug, dtype, base.spec[0], base.mode), ug)
   x = ut ^ ug
   top1 = top_bit(x, nbits)
   need = flips_needed(ut, ug, explains, dtype)
@@ -645,9 +727,11 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   flip3 = out & (need == 3)
   # Outliers that differ from golden in at most MAX_FLIPS bits, nothing
   # else moved: a fault's flips on a base that is golden itself (a value
-  # drawn like the data differs in about half of its bits).
+  # drawn like the data differs in about half of its bits; golden's own
+  # bits, not rounded: a rounded base's elements lie within a few bits of
+  # golden rounded, fault or not).
   exact_flips = out & fin_t & (
-      lax.population_count(x).astype(jnp.int32) <= MAX_FLIPS)
+      lax.population_count(x_golden).astype(jnp.int32) <= MAX_FLIPS)
   t0 = (ut << jnp.array(1, uty)) == 0
   k = min(MATCH_OUTLIERS, cap)
   idx = first_true(out, k)
@@ -670,10 +754,22 @@ def decompose(t: Array, g: Array, ref_hi: Array | None,
   far = out & fin_t & ((at > FAR_FACTOR * big_in)
                        | ((at > 0) & (at * FAR_FACTOR < small_in)))
   # ... and outliers clear of the base (._base.CLEAR_FACTOR), far ones
-  # and NaN/Inf included: not the tail of the base's own dense error.
+  # and NaN/Inf included: not the tail of the base's own dense error. In
+  # a 32- or 64-bit record, CLEAR_FACTOR times beyond the largest element
+  # the base explains (at most theta): a dense error's tail is
+  # continuous, its largest elements within a small factor of one
+  # another (a sum's rounding: the largest of 10**4 within 1.5x of the
+  # tenth largest), while a fault's value stands apart. In a 16-bit
+  # record beyond CLEAR_FACTOR x theta: its floor (OUTLIER16_MIN_Z) sits
+  # far above its base's rounding, and a value drawn like the data comes
+  # back within a flip or two of its place often there (the flip null
+  # reads 0.4-0.9).
+  z_in = jnp.max(jnp.where(fp & ~out & (zt <= theta), zt, 0.0))
+  if dtype.itemsize <= 2:
+    z_in = theta
   clear = out & (new_nf | far | jnp.where(
       use_rounded, excess > CLEAR_FACTOR * jnp.maximum(theta_e, 1.0),
-      zt > CLEAR_FACTOR * theta))
+      zt > CLEAR_FACTOR * z_in))
   # ... and the shoulder below the outlier threshold (within CLEAR_FACTOR
   # of it, not outliers): a dense error's tail fills it, a fault's
   # outliers stand apart from an empty one.
