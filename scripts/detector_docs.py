@@ -1,7 +1,8 @@
 """Regenerates the Detector's tables in docs/detector.md from the code.
 
-The hypothesis table (``peat.detector.hypotheses_table()``) and the
-threshold table (``peat.detector.config_table()``) sit between
+The hypothesis table (``peat.detector.hypotheses_table()``), the
+threshold table (``peat.detector.config_table()``) and the slip grammar's
+table (``peat.analyzer.grammar_table()``) sit between
 ``<!-- generated: NAME -->`` and ``<!-- end generated -->`` markers; this
 rewrites what lies between them. tests/detector/test_config.py fails when
 the page and the code disagree.
@@ -17,11 +18,13 @@ import pathlib
 import re
 import sys
 
+from peat_jax import analyzer
 from peat_jax import detector
 
 PAGE = pathlib.Path(__file__).resolve().parents[1] / "docs" / "detector.md"
 TABLES = {"hypotheses": detector.hypotheses_table,
-          "thresholds": detector.config_table}
+          "thresholds": detector.config_table,
+          "grammar": analyzer.grammar_table}
 
 
 def render(text: str) -> str:

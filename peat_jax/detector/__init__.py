@@ -32,6 +32,7 @@ from peat_jax.detector.facts import CONFIG as CONFIG
 from peat_jax.detector.facts import DetectorConfig as DetectorConfig
 from peat_jax.detector.facts import config_table as config_table
 from peat_jax.detector.hypotheses import detect as detect
+from peat_jax.detector.hypotheses import diagnose_call as diagnose_call
 from peat_jax.detector.hypotheses import detect_batch as detect_batch
 from peat_jax.detector.calibration import heldout_tables as heldout_tables
 from peat_jax.detector.calibration import run_heldout as run_heldout

@@ -40,7 +40,8 @@ class GoldenMismatchError(AssertionError):
 
 def assert_matches_golden(test, golden, reference=None, *,
                           context: Mapping[str, Any] | None = None,
-                          fail_on: str = "warn") -> Any:
+                          fail_on: str = "warn",
+                          call: tuple | None = None) -> Any:
   """Asserts that a KUT's output is rounding noise against the golden's.
 
   >>> peat.testing.assert_matches_golden(my_softmax(x), jax.nn.softmax(x),
@@ -58,6 +59,10 @@ def assert_matches_golden(test, golden, reference=None, *,
       reach).
     fail_on: ``"warn"`` (default: a precision loss fails too) or
       ``"fail"`` (only faults fail).
+    call: ``(kernel, args, kwargs)`` of the call that made ``test``: the
+      Detector then searches the slip grammar on its inputs
+      (``peat.detector.diagnose_call``) and the message names the slip
+      (an operand read in the wrong place, another constant, ...).
 
   Returns:
     The :class:`peat_jax.Diagnosis` (verdict below ``fail_on``).
@@ -74,9 +79,15 @@ def assert_matches_golden(test, golden, reference=None, *,
   if t.shape != g.shape or t.dtype != g.dtype:
     raise PeatError(f"the KUT's output is {t.dtype}{list(t.shape)}; expected "
                     f"{g.dtype}{list(g.shape)} like the golden kernel's")
-  sig = _analyzer.analyze(t, g, None if reference is None
-                          else np.asarray(reference, np.float64))
-  diag = _detector.detect(sig, context=dict(context or {}))
+  ref = None if reference is None else np.asarray(reference, np.float64)
+  sig = _analyzer.analyze(t, g, ref)
+  if call is not None and ref is not None:
+    kernel, args, kwargs = call
+    diag = _detector.diagnose_call(
+        kernel, args, kwargs, t, g, reference=ref,
+        reduction=dict(context or {}).get("reduction"))
+  else:
+    diag = _detector.detect(sig, context=dict(context or {}))
   if _ORDER[diag.verdict] >= _ORDER[fail_on]:
     ratio = float(np.asarray(sig.noise_ratio))
     raise GoldenMismatchError(

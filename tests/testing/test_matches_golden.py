@@ -97,3 +97,35 @@ def test_bad_input():
     peat.testing.assert_matches_golden(x[:2], x)
   with pytest.raises(peat.PeatError, match="fail_on must be"):
     peat.testing.assert_matches_golden(x, x, fail_on="pass")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_with_the_call_the_message_names_the_slip(dtype):
+  """Given the call, the assertion searches the slip grammar on its
+  inputs: a softmax whose last 64 terms are counted twice names the block
+  (an exported repro passes its call)."""
+  x = _x((16, 192), 7, dtype)
+  gold = _softmax_golden(x)
+  xf = x.astype(jnp.float32)
+  e = jnp.exp(xf - xf.max(-1, keepdims=True))
+  twice = (e / (e.sum(-1, keepdims=True) + e[..., 128:].sum(
+      -1, keepdims=True))).astype(dtype)
+  with pytest.raises(peat.testing.GoldenMismatchError,
+                     match="block of 64 .* counted twice") as err:
+    peat.testing.assert_matches_golden(
+        twice, gold, peat.reference_softmax(x),
+        context={"kernel": "softmax", "reduction": 192},
+        call=("softmax", (x,), {}))
+  assert err.value.diagnosis.params["slip"] == "blocked:twice:last:w64"
+  diag = peat.testing.assert_matches_golden(
+      _softmax_other_order(x), gold, peat.reference_softmax(x),
+      call=("softmax", (x,), {}))
+  assert diag.verdict == "pass"
+
+
+def test_diagnose_call_checks_its_input():
+  x = _x((4, 8), 8, jnp.float32)
+  with pytest.raises(peat.PeatError, match="like the golden kernel's"):
+    peat.detector.diagnose_call("softmax", (x,), {}, x[:2], x)
+  with pytest.raises(peat.PeatError, match="no float64 reference"):
+    peat.detector.diagnose_call("no_such_kernel", (x,), {}, x, x)

@@ -22,6 +22,7 @@ from peat_jax.detector.facts._evidence import Replaced as Replaced
 from peat_jax.detector.facts._evidence import Rounded as Rounded
 from peat_jax.detector.facts._evidence import Saturated as Saturated
 from peat_jax.detector.facts._evidence import Scaled as Scaled
+from peat_jax.detector.facts._evidence import Slipped as Slipped
 from peat_jax.detector.facts._evidence import Stuck as Stuck
 from peat_jax.detector.facts._evidence import Unexplained as Unexplained
 from peat_jax.detector.facts._evidence import Zeroed as Zeroed

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from peat_jax import analyzer as _analyzer
+
 #: The basis of a threshold: a floating-point fact, or a calibration
 #: quantile (the measurement it names follows in its derivation).
 FACT = "fact"
@@ -77,6 +79,14 @@ class DetectorConfig:
       are sorted: sorting shrinks the outliers' error by at least the
       golden envelope's factor, 16 (a smooth distortion of the values,
       another formula, keeps its error when sorted).""")
+  permutation_sample_factor: float = _t(2.0, FACT, """
+      n values drawn like the data (random values in a lane or a tile)
+      also meet golden's when both are sorted, to about their spread over
+      sqrt(n) (two samples of one distribution: the gaps of their order
+      statistics): sorting shrinks their error by about 0.7 sqrt(n), at
+      most 1.6 sqrt(n) in 99 of 100 draws (normal samples, n = 64 to
+      4096); a permutation's sorted values meet theirs within the base's
+      rounding: a gain beyond 2 sqrt(n).""")
   flip_odds: float = _t(2.0 ** -3, FACT, """
       bitflip predicts its outliers back inside the base after the flips
       with probability ~1, a value drawn like the data with the flip
@@ -169,10 +179,12 @@ class DetectorConfig:
       a constant's effect on a normalization follows the row statistic it
       meets almost exactly (rank correlation 0.95 or more); an approximate
       reciprocal's follows its significand bits.""")
-  approximation_bound: float = _t(2.0 ** -4, FACT, """
-      another closed form of the same function errs by at most 1/16 of
-      the scale (a fast exp or reciprocal: 1e-4 to 1e-2); beyond, it is
-      another function.""")
+  approximation_bound: float = _t(_analyzer.LIBRARY_BOUND, FACT, """
+      the library of known approximations (peat_jax.analyzer.slips:
+      fast exp, rsqrt, reciprocal, erf, tanh and their fitted classes)
+      errs by at most this much of its function, measured at import on
+      fixed grids (LIBRARY_BOUND); a dense error beyond it is another
+      function, a wrong formula (unknown), not an approximation.""")
   formula_fail_level: float = _t(2.0 ** -8, FACT, """
       a port's other constant or form warns while its RMS error stays
       within u(bf16) = 2**-8 of the scale (what bf16 training tolerates)
@@ -209,6 +221,17 @@ class DetectorConfig:
   sparse_min_scale_units: float = _t(2.0, FACT, """
       a moved element within 2 u of the golden RMS is rounding at the
       output's scale, whatever its own ulp distance.""")
+  stuck_spike: float = _t(4.0, FACT, """
+      a dense error's rounding changes a run of low bits, each bit above
+      in about half as many elements as the one below (a carry reaches it
+      half as often); a bit changed in 4x as many elements as each of its
+      neighbours (twice that decay) is moved on its own: a stuck bit.""")
+  sign_magnitude_tol: float = _t(2.0 ** -4, FACT, """
+      a stuck sign bit leaves every magnitude golden's up to the base's
+      rounding: the geometric mean of |t| / |g| stays within the coarsest
+      base's unit roundoff (fp8_e4m3 inputs, 2**-4) of 1; a wrong formula
+      whose values cross zero moves it far more (a softmax VJP without
+      its diagonal term: 0.23).""")
   stuck_low_bit_share: float = _t(0.25, FACT, """
       a last bit rounded the other way within the envelope changes fewer
       than a quarter of the elements; a stuck bit 0 changes about half.""")
@@ -218,6 +241,10 @@ class DetectorConfig:
   lane_min_cols: float = _t(64, FACT, """
       lanes (column index mod 32) are read on at least two full periods
       of 32 columns.""")
+  lane_min_lines: float = _t(2, FACT, """
+      a lane is periodic: its elements lie in at least two of its columns
+      (each with half of the busiest one's); one column is a line, whole
+      (zero) or in part.""")
   # -- zeros, flushes, saturation ------------------------------------------
   zero_share: float = _t(0.9, FACT, """
       zeros are the fault when at least 90% of the elements it leaves are
@@ -229,7 +256,8 @@ class DetectorConfig:
       a zero where golden holds less than u**2 x the output's RMS is a
       flushed tiny output: a cancelling sum's residue is at least u times
       its terms' scale, so no order of the sum zeroes a value u times
-      smaller.""")
+      smaller (u float32's for a 16-bit record: its kernels sum in
+      float32 and round once).""")
   saturation_share: float = _t(0.5, FACT, """
       values clipped at a format's maximum are the cause when they are at
       least half of the elements that differ.""")

@@ -144,6 +144,21 @@ class Form(NamedTuple):
   covers: int
 
 
+class Slipped(NamedTuple):
+  """The slip of the grammar (or a kind's own form) whose emulation
+  reproduces the KUT's output."""
+
+  slip: str  # its name (peat.core.Slip.name, a base joined by "+")
+  category: str  # operand, constant, blocked, accumulate, approximation
+  estimate: float  # the fitted constant (NaN where none)
+  ratio: float  # median |t - h| / |t - r| over the differing elements
+  runners_up: tuple[str, ...]  # "name (ratio)" of the next best
+  equivalent: tuple[str, ...]  # slips with the same output (another name)
+  level: float  # RMS error over the scale
+  noise_ratio: float
+  covers: int
+
+
 class Unexplained(NamedTuple):
   """A real difference that no hypothesis explains."""
 

@@ -3,6 +3,8 @@ error in magnitude (:data:`HYPOTHESES`), the ranking of the accepted
 ones (:func:`decide`) and :func:`detect`, which runs them on one record.
 """
 
+from peat_jax.detector.hypotheses._call import call_template as call_template
+from peat_jax.detector.hypotheses._call import diagnose_call as diagnose_call
 from peat_jax.detector.hypotheses._detect import detect as detect
 from peat_jax.detector.hypotheses._detect import detect_batch as detect_batch
 from peat_jax.detector.hypotheses._hypotheses import FAULT_TIERS as FAULT_TIERS

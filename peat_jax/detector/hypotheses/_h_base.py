@@ -473,9 +473,13 @@ def probed_precision(f: Facts) -> list[Found]:
     return []
   fmt = format_of_model(probe.model) or ""
   mode = str(probe.extra.get("rounding", "nearest_even"))
+  # Formats whose rounded inputs give the same output (fp16 and tf32
+  # share a significand: in fp16's range they round alike).
+  alts = tuple(n[len("inputs_"):] for n in probe.extra.get("equivalent", ())
+               if n.startswith("inputs_"))
   return [Found(probe.model,
                 Rounded(fmt, str(probe.extra.get("where", "inputs")), mode,
-                        f.rel_med, math.nan, 0.0, (), f.ndiff),
+                        f.rel_med, math.nan, 0.0, alts, f.ndiff),
                 probe.evidence, 1.0)]
 
 

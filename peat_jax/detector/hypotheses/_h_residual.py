@@ -25,7 +25,9 @@ from peat_jax.detector.facts import (
 from peat_jax.detector.facts import (
     FORMAT_MAX, NARROW_FORMATS, Facts, outliers_within_long_sum,
     outliers_within_narrow_sum, pct)
-from peat_jax.detector.hypotheses._h_whole import clipped_at_max, tiny_flush
+from peat_jax.detector.hypotheses._h_whole import (
+    clipped_at_max, lane_columns, nonfinite_where, says_nonfinite,
+    tiny_flush)
 
 #: The ftz threshold of each narrow format: its smallest normal.
 _MIN_NORMAL = {k: _core.FORMATS[k].min_normal for k in NARROW_FORMATS}
@@ -72,6 +74,7 @@ def _zeros(f: Facts) -> int:
   return _i(f.sig.n_out_zero)
 
 
+@says_nonfinite
 def flush_in_format(f: Facts) -> list[Found]:
   """``ftz``: every golden value below a narrow format's smallest normal
   is zero in t and no other value is (these zeros are tiny, mostly inside
@@ -86,6 +89,8 @@ def flush_in_format(f: Facts) -> list[Found]:
   zeroed = _i(s.n_zeroed)
   if f.n_out and _zeros(f) < cfg.zero_share * f.n_out:
     return []
+  if tiny_flush(f):
+    return []  # far below every format's normals: tiny outputs flushed
   order = np.argsort([-_MIN_NORMAL[k] for k in NARROW_FORMATS], kind="stable")
   for i in order:
     chance = (tiny[i] / max(f.n, 1)) ** max(int(tiny_z[i]), 1)
@@ -102,6 +107,7 @@ def flush_in_format(f: Facts) -> list[Found]:
   return []
 
 
+@says_nonfinite
 def overflow(f: Facts) -> list[Found]:
   """``saturation`` (to Inf): only Infs are new, golden holds values
   beyond a narrow format's maximum, and as many overflowed: a conversion
@@ -122,6 +128,7 @@ def overflow(f: Facts) -> list[Found]:
                 1.0)]
 
 
+@says_nonfinite
 def nonfinite(f: Facts) -> list[Found]:
   """``nan``: the outliers are NaN/Inf where golden is finite."""
   s = f.sig
@@ -131,7 +138,9 @@ def nonfinite(f: Facts) -> list[Found]:
   new_nan = max(_i(s.n_nan_test) - _i(s.n_nan_golden), 0)
   return [Found("nan", NonFinite(newnf, new_nan, newnf - new_nan, newnf),
                 f"{newnf} elements are NaN/Inf where golden is finite "
-                f"({pct(newnf / max(f.n, 1))} of elements)",
+                f"({new_nan} NaN, {newnf - new_nan} Inf, "
+                f"{pct(newnf / max(f.n, 1))} of elements)"
+                f"{nonfinite_where(f)}",
                 newnf / max(f.n_out, 1))]
 
 
@@ -166,6 +175,7 @@ def flip_test(f: Facts) -> tuple[int, int, float] | None:
   return None
 
 
+@says_nonfinite
 def bitflip(f: Facts) -> list[Found]:
   """``bitflip``: few outliers, each back inside the base after flipping
   one to three of its highest differing bits, which values drawn like the
@@ -210,13 +220,15 @@ def clear_of_base(f: Facts) -> bool:
   """Whether the outliers stand apart from the base's own error: fewer
   elements in the shoulder below the outlier threshold than outliers (a
   tail decaying no faster than 1/x puts three times as many there), or
-  half of the outliers clear of the threshold by its factor (the
-  Analyzer's n_shoulder and n_out_clear)."""
+  half of the outliers clear of the base (the Analyzer's n_shoulder and
+  n_out_clear: 4x beyond the largest element the base explains, in a
+  16-bit record 4x beyond the threshold)."""
   s = f.sig
   return (_i(s.n_shoulder) < f.n_out
           or _i(s.n_out_clear) >= f.cfg.half * f.n_out)
 
 
+@says_nonfinite
 def random_values(f: Facts) -> list[Found]:
   """``random_value``: few outliers, clear of the base, holding values
   that no flip of up to three bits explains better than chance:
@@ -236,6 +248,7 @@ def random_values(f: Facts) -> list[Found]:
                 "every other element is within rounding", 1.0)]
 
 
+@says_nonfinite
 def clipped(f: Facts) -> list[Found]:
   """``saturation`` (at a maximum): the outliers are clipped at fp16's or
   fp8_e4m3's maximum where |golden| is larger."""
@@ -248,8 +261,10 @@ def _columns(f: Facts) -> int:
   return int(np.asarray(f.sig.out_cols).shape[0])
 
 
+@says_nonfinite
 def lane(f: Facts) -> list[Found]:
-  """``lane``: the outliers sit in one lane (column index mod 32)."""
+  """``lane``: the outliers sit in one lane (column index mod 32), in at
+  least lane_min_lines of its columns."""
   s, cfg = f.sig, f.cfg
   if not residual_open(f) or f.n_out < cfg.min_pattern:
     return []
@@ -257,6 +272,8 @@ def lane(f: Facts) -> list[Found]:
   k = int(np.argmax(lanes))
   if _columns(f) < cfg.lane_min_cols or lanes[k] < cfg.majority * f.n_out:
     return []
+  if lane_columns(np.asarray(s.out_cols), k, cfg.half) < cfg.lane_min_lines:
+    return []  # one column of the lane: a line (the zero rule's)
   what = "zeroed" if _zeros(f) >= cfg.zero_share * f.n_out else "corrupted"
   return [Found("lane", Lane("stride", 32, k, 0, 0, what, int(lanes[k])),
                 f"{int(lanes[k])} of {f.n_out} outliers sit in lane {k} of "
@@ -278,6 +295,7 @@ def _rounded_to_zero(f: Facts) -> bool:
   return False
 
 
+@says_nonfinite
 def zero(f: Facts) -> list[Found]:
   """``zero``: the outliers are zero where golden is not (missed writes),
   as whole rows or aligned tiles where they are; not zeros that a flush
@@ -290,10 +308,13 @@ def zero(f: Facts) -> list[Found]:
   cols = _columns(f)
   rows = np.asarray(s.out_rows, np.int64)
   full_rows = int(np.sum(rows == cols))
+  full_cols = int(np.sum(np.asarray(s.out_cols, np.int64) == rows.shape[0]))
   full = np.asarray(s.out_tiles_all, np.int64)
   where, nrows, ntiles, tile = f"{zeros} elements", 0, 0, 0
   if full_rows and full_rows * cols >= cfg.zero_share * zeros:
     where, nrows = f"{full_rows} whole rows", full_rows
+  elif full_cols and full_cols * rows.shape[0] >= cfg.zero_share * zeros:
+    where = f"{full_cols} whole columns"
   else:
     for i, ts in enumerate(TILES):
       if full[i] and full[i] * ts * ts >= cfg.zero_share * zeros:
@@ -305,6 +326,7 @@ def zero(f: Facts) -> list[Found]:
                 "writes", zeros / f.n_out)]
 
 
+@says_nonfinite
 def tiles(f: Facts) -> list[Found]:
   """``lane`` (tiles): the outliers fill whole aligned tiles."""
   s, cfg = f.sig, f.cfg
@@ -337,6 +359,7 @@ def _band(f: Facts, v: np.ndarray) -> tuple[int, int] | None:
   return None
 
 
+@says_nonfinite
 def tile_edge(f: Facts) -> list[Found]:
   """``indexing`` (tile edge): every outlier lies in a trailing band of
   columns: the last partial tile is indexed wrongly."""
@@ -355,12 +378,37 @@ def tile_edge(f: Facts) -> list[Found]:
                 1.0)]
 
 
+def _line_chance(f: Facts) -> float:
+  """The chance that the outliers, as many places drawn at random, all
+  lie on one line with one polarity: ``(1 / (2 L)) ** (n_out - 1)`` when
+  every outlier lies in one row (L the row count) or in one column (L the
+  column count); 1 otherwise."""
+  rows = np.asarray(f.sig.out_rows)
+  cols = np.asarray(f.sig.out_cols)
+  lines = [v.shape[0] for v in (rows, cols) if np.count_nonzero(v) == 1]
+  if not lines or f.n_out < 2:
+    return 1.0
+  return (0.5 / max(max(lines), 1)) ** (f.n_out - 1)
+
+
+def _a_pattern(f: Facts) -> bool:
+  """Whether the outliers are enough to be a pattern: min_pattern of
+  them, or fewer all on one line, which places drawn at random with one
+  polarity are with a chance of at most pattern_alpha (a stuck bit of a
+  row or a column changes only the elements whose bit differed)."""
+  cfg = f.cfg
+  return (f.n_out >= cfg.min_pattern
+          or _line_chance(f) <= cfg.pattern_alpha)
+
+
+@says_nonfinite
 def stuck(f: Facts) -> list[Found]:
   """``stuck_at``: the outliers are back inside the base after flipping
   one bit, the same bit in (nearly) all, which is the same value in every
-  one of them."""
+  one of them; min_pattern of them, or fewer on one line (a row's or a
+  column's stuck bit) where that is no chance of pattern_alpha."""
   s, cfg = f.sig, f.cfg
-  if not residual_open(f) or f.n_out < cfg.min_pattern:
+  if not residual_open(f) or not _a_pattern(f):
     return []
   flips = np.asarray(s.out_flip_bits, np.int64)
   ups = np.asarray(s.out_flip_up, np.int64)
@@ -382,6 +430,7 @@ def stuck(f: Facts) -> list[Found]:
                 flip1 / f.n_out)]
 
 
+@says_nonfinite
 def unexplained(f: Facts) -> list[Found]:
   """``unknown``: outliers clear of the base (more than a sparse fault's
   share) that no fault hypothesis explains, where the base explains every

@@ -11,7 +11,9 @@ Each function tests one hypothesis and returns its
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
 import numpy as np
 
@@ -19,7 +21,8 @@ from peat_jax.detector.facts import (
     Flips, Flushed, Form, Found, Lane, Moved, NonFinite, Replaced, Saturated,
     Scaled, Stuck, Zeroed)
 from peat_jax.detector.facts import (
-    FORMAT_MAX, MIN_NORMAL, Facts, long_sum_bound, pct, working_sum_bound)
+    FORMAT_MAX, MIN_NORMAL, UNIT_ROUNDOFF, Facts, long_sum_bound, pct,
+    working_sum_bound)
 
 #: Tile edges of the Analyzer's tile counts.
 TILES = (8, 16, 32)
@@ -37,6 +40,75 @@ def _bits(f: Facts) -> list[int]:
   return [int(k) for k in np.nonzero(f.xor)[0]]
 
 
+#: An evidence sentence lists at most this many line indices (a range
+#: beyond: a display length, not a threshold).
+LISTED_LINES = 4
+
+
+def _span(idx: np.ndarray) -> str:
+  """Line indices as a short list, or a range when they are many."""
+  idx = [int(i) for i in idx]
+  if len(idx) <= LISTED_LINES:
+    return str(idx)
+  return f"{idx[0]}..{idx[-1]} ({len(idx)} of them)"
+
+
+def nonfinite_where(f: Facts) -> str:
+  """Where the new NaN/Inf are: their rows and columns where the record
+  tells them apart (every outlier non-finite; without a decomposition,
+  every differing element), else the outliers' rows and columns they lie
+  among; and whether they sit in the last partial 8x8 tile (rows or
+  columns beyond the last multiple of 8)."""
+  s = f.sig
+  if f.dec and f.n_out:
+    rows, cols = np.asarray(s.out_rows), np.asarray(s.out_cols)
+    among = "" if f.new_nonfinite >= f.n_out else "among the outliers, "
+  elif not f.dec and f.ndiff == f.new_nonfinite:
+    rows, cols = np.asarray(s.row_ndiff), np.asarray(s.col_ndiff)
+    among = ""
+  else:
+    return ""
+  r, c = np.nonzero(rows)[0], np.nonzero(cols)[0]
+  if not (r.size and c.size):
+    return ""
+  nr, nc = rows.shape[0], cols.shape[0]
+  tail = [name for name, lines, size in (("rows", r, nr), ("columns", c, nc))
+          if size % TILES[0] and lines[0] >= size - size % TILES[0]]
+  edge = (f", in the last partial {TILES[0]}x{TILES[0]} tile's "
+          f"{' and '.join(tail)}" if tail else "")
+  return f" {among}in rows {_span(r)}, columns {_span(c)}{edge}"
+
+
+def nonfinite_note(f: Facts) -> str:
+  """The sentence every fault's evidence carries where the KUT holds
+  NaN/Inf that golden does not: how many, of which kind, and where
+  (:func:`nonfinite_where`); empty otherwise."""
+  new = f.new_nonfinite
+  if not new:
+    return ""
+  s = f.sig
+  new_nan = max(_i(s.n_nan_test) - _i(s.n_nan_golden), 0)
+  return (f"; {new} elements are NaN/Inf where golden is finite "
+          f"({new_nan} NaN, {new - new_nan} Inf){nonfinite_where(f)}")
+
+
+def says_nonfinite(test: Callable[[Facts], list[Found]]
+                   ) -> Callable[[Facts], list[Found]]:
+  """A fault hypothesis whose evidence says the record's new NaN/Inf (its
+  count and where, :func:`nonfinite_note`), whatever it names: a NaN
+  inside a moved tile or a flipped element is a NaN all the same."""
+  @functools.wraps(test)
+  def said(f: Facts) -> list[Found]:
+    found = test(f)
+    note = nonfinite_note(f)
+    if not note:
+      return found
+    return [x if "NaN/Inf where golden is finite" in x.sentence
+            else x._replace(sentence=x.sentence + note) for x in found]
+  return said
+
+
+@says_nonfinite
 def nonfinite(f: Facts) -> list[Found]:
   """NaN/Inf where golden is finite: ``saturation`` when only Infs are
   new where golden overflows a narrow format; ``bitflip`` when each
@@ -60,7 +132,7 @@ def nonfinite(f: Facts) -> list[Found]:
   out = [Found("nan", NonFinite(new, new_nan, new_inf, new),
                f"{new} elements are NaN/Inf where golden is finite "
                f"({new_nan} NaN, {new_inf} Inf, {pct(new / f.n)} of "
-               "elements)", new / max(f.ndiff, 1))]
+               f"elements){nonfinite_where(f)}", new / max(f.ndiff, 1))]
   flips = (cfg.flip_bits_whole if f.wide and f.ndiff == new
            else cfg.flip_bits_whole - 1)
   if f.ndiff <= cfg.sparse_whole_share * f.n and f.bits_per_diff <= flips:
@@ -90,12 +162,14 @@ def clipped_at_max(f: Facts, among: int, what: str) -> list[Found]:
   return out
 
 
+@says_nonfinite
 def clipped(f: Facts) -> list[Found]:
   """``saturation``: differing elements clipped at fp16's or fp8_e4m3's
   maximum where |golden| is larger."""
   return clipped_at_max(f, f.ndiff, "differing elements")
 
 
+@says_nonfinite
 def transposed(f: Facts) -> list[Found]:
   """``indexing``: ``t[i, j] == g[j, i]`` bitwise at match_share of the
   sampled nonzero elements that differ."""
@@ -109,6 +183,7 @@ def transposed(f: Facts) -> list[Found]:
                 "differ): a transposed layout", share)]
 
 
+@says_nonfinite
 def shifted(f: Facts) -> list[Found]:
   """``indexing``: t equals g shifted by some rows or columns bitwise at
   match_share of the sampled nonzero elements that differ."""
@@ -127,6 +202,7 @@ def shifted(f: Facts) -> list[Found]:
   return out
 
 
+@says_nonfinite
 def permuted(f: Facts) -> list[Found]:
   """``indexing``: t holds exactly golden's multiset of bit patterns in
   other places, and the values moved far (at least permuted_error of the
@@ -152,6 +228,7 @@ def _hot(v: np.ndarray, factor: float) -> np.ndarray:
   return np.nonzero(v > 0)[0]
 
 
+@says_nonfinite
 def edge(f: Facts) -> list[Found]:
   """``indexing`` (tile edge): the error sits in trailing rows or columns,
   each hot_factor x the median one's mean error: the last partial tile
@@ -182,6 +259,7 @@ def edge(f: Facts) -> list[Found]:
   return out
 
 
+@says_nonfinite
 def scale(f: Facts) -> list[Found]:
   """``scale``: t / g is constant (spread within scale_spread_u u) and
   differs from 1 by more than that, over at least half of the
@@ -199,6 +277,7 @@ def scale(f: Facts) -> list[Found]:
                 f"over {pct(f.share)} differing elements", 1.0)]
 
 
+@says_nonfinite
 def flushed(f: Facts) -> list[Found]:
   """``ftz``: the differing elements are golden subnormals (or values
   below a narrow format's smallest normal) returned as zero."""
@@ -227,14 +306,18 @@ def flushed(f: Facts) -> list[Found]:
 
 def tiny_flush_bound(f: Facts) -> float:
   """The golden magnitude below which a zeroed output is a flush: the
-  smallest normal of the record's format over its u (tiny / u: below it
+  smallest normal of the record's format over u (tiny / u: below it
   u x |g| underflows, no rounding of it is measured, and no cancelling
   sum of normal-sized terms leaves a residue that small), and at most
-  ``u ** tiny_flush_power x`` the golden RMS."""
-  return min(MIN_NORMAL.get(f.work, f.cfg.tiny_figure) / f.u,
-             f.u ** f.cfg.tiny_flush_power * f.golden_rms)
+  ``u ** tiny_flush_power x`` the golden RMS; u the finer of the
+  record's own and float32's (a 16-bit kernel sums in float32 and
+  rounds once: its residues are float32's)."""
+  u = min(f.u, UNIT_ROUNDOFF["fp32"])
+  return min(MIN_NORMAL.get(f.work, f.cfg.tiny_figure) / u,
+             u ** f.cfg.tiny_flush_power * f.golden_rms)
 
 
+@says_nonfinite
 def tiny_flush(f: Facts) -> list[Found]:
   """``ftz``: outputs far below the output's scale returned as zero:
   every zeroed golden value below :func:`tiny_flush_bound` (rows of
@@ -255,6 +338,7 @@ def tiny_flush(f: Facts) -> list[Found]:
                 zeroed / f.ndiff)]
 
 
+@says_nonfinite
 def zero(f: Facts) -> list[Found]:
   """``zero``: the differing elements are 0 where golden is nonzero
   (missed writes), as whole rows or tiles where they are."""
@@ -265,9 +349,12 @@ def zero(f: Facts) -> list[Found]:
   rows = np.asarray(s.row_ndiff)
   cols = np.asarray(s.col_ndiff).shape[0]
   full_rows = int(np.sum(rows == cols))
+  full_cols = int(np.sum(np.asarray(s.col_ndiff) == rows.shape[0]))
   where, nrows, ntiles, tile = f"{zeroed} elements", 0, 0, 0
   if full_rows and full_rows * cols >= cfg.zero_share * zeroed:
     where, nrows = f"{full_rows} whole rows", full_rows
+  elif full_cols and full_cols * rows.shape[0] >= cfg.zero_share * zeroed:
+    where = f"{full_cols} whole columns"
   else:
     tiles_all = np.asarray(s.tiles_all)
     for i, ts in enumerate(TILES):
@@ -280,9 +367,20 @@ def zero(f: Facts) -> list[Found]:
                 zeroed / f.ndiff)]
 
 
+def lane_columns(per_col: np.ndarray, k: int, share: float) -> int:
+  """How many columns of lane ``k`` (column index mod 32) hold at least
+  ``share`` of the largest such column's count or error mass: a lane is
+  periodic, one column of it is a line."""
+  v = np.asarray(per_col, np.float64)[k::32]
+  top = float(np.max(v)) if v.size else 0.0
+  return int(np.sum(v >= share * top)) if top > 0 else 0
+
+
+@says_nonfinite
 def lane(f: Facts) -> list[Found]:
   """``lane``: the differing elements (or, when rounding noise makes every
-  element differ, the per-column error mass) sit in one lane of 32."""
+  element differ, the per-column error mass) sit in one lane of 32, in
+  at least lane_min_lines of its columns."""
   s, cfg = f.sig, f.cfg
   cols = np.asarray(s.col_ndiff).shape[0]
   if f.ndiff < cfg.min_pattern or cols < cfg.lane_min_cols:
@@ -294,15 +392,19 @@ def lane(f: Facts) -> list[Found]:
   k = int(np.argmax(lanes))
   in_lane = int(lanes[k])
   if in_lane >= cfg.majority * f.ndiff:
+    per_col = np.asarray(s.col_ndiff)
     how = (f"{in_lane} of {f.ndiff} differing elements sit in lane {k} of "
            f"32 (column index mod 32); a uniform spread would put "
            f"{f.ndiff / 32:.3g} there")
   elif mass.sum() > 0 and mass.max() >= cfg.majority * mass.sum():
     k = int(np.argmax(mass))
+    per_col = np.asarray(s.col_abs_mean)
     how = (f"{pct(mass[k] / mass.sum())} of the error mass sits in lane {k} "
            f"of 32 (column index mod 32), the rest is rounding noise")
   else:
     return []
+  if lane_columns(per_col, k, cfg.half) < cfg.lane_min_lines:
+    return []  # one column of the lane: a line (the zero rule's)
   what = ("zeroed" if in_lane and _i(s.n_zeroed) >= cfg.zero_share * in_lane
           else "non-finite" if in_lane and f.new_nonfinite >=
           cfg.zero_share * in_lane else "corrupted")
@@ -310,6 +412,7 @@ def lane(f: Facts) -> list[Found]:
                 f"{how}; values there are {what}", 1.0)]
 
 
+@says_nonfinite
 def tiles(f: Facts) -> list[Found]:
   """``lane`` (tiles): every differing element lies in whole aligned
   tiles, each wrong in every element."""
@@ -336,6 +439,7 @@ def tiny_at_scale(f: Facts) -> bool:
           <= f.cfg.sparse_min_scale_units * f.u * grms)
 
 
+@says_nonfinite
 def stuck(f: Facts) -> list[Found]:
   """``stuck_at``: every differing element differs only in one bit, always
   the same way (not a sign of values near zero, nor a last bit rounded
@@ -365,6 +469,61 @@ def stuck(f: Facts) -> list[Found]:
   return out
 
 
+def sign_mirrored(f: Facts, forced: int) -> bool:
+  """Whether ``forced`` sign changes are a stuck sign bit's: at least
+  majority of them between two nonzero values (a zero, or a signed zero
+  beside a subnormal, changes sign in any rounding of a value near zero),
+  every magnitude golden's (the geometric mean of |t| / |g| within
+  sign_magnitude_tol of 1: a formula that crosses zero changes them too)
+  and the record not tiny at its scale (:func:`tiny_at_scale`)."""
+  keeps = abs(abs(_f(f.sig.scale)) - 1.0) <= f.cfg.sign_magnitude_tol
+  return (_i(f.sig.n_sign_flip) >= f.cfg.majority * forced
+          and keeps and not tiny_at_scale(f))
+
+
+def _spike(f: Facts, k: int) -> bool:
+  """Whether bit ``k`` changes in stuck_spike times as many elements as
+  each neighbouring bit: a dense base's rounding moves a run of low bits,
+  each higher bit about half as often as the one below (a carry), and
+  never one bit on its own."""
+  x = f.xor
+  near = [x[j] for j in (k - 1, k + 1) if 0 <= j < f.nbits]
+  return all(x[k] >= f.cfg.stuck_spike * n for n in near)
+
+
+@says_nonfinite
+def stuck_dense(f: Facts) -> list[Found]:
+  """``stuck_at`` (over a dense base): more elements than a sparse fault
+  touches, and than the residual holds outliers (the forced elements set
+  its median), have one bit forced one way (at most 1 - majority of its
+  changes the other way, and of them zeros, whose set bits all clear), a
+  spike of stuck_spike over its neighbouring bits: one bit forced across
+  the output, above the base's rounding, which moves a run of low bits
+  both ways."""
+  s, cfg = f.sig, f.cfg
+  if f.ndiff <= f.sparse_limit:
+    return []
+  out = []
+  for polarity, v, w in ((1, s.bits_up, s.bits_down),
+                         (0, s.bits_down, s.bits_up)):
+    v, w = np.asarray(v, np.int64), np.asarray(w, np.int64)
+    k = int(np.argmax(v - w))
+    if not (v[k] > max(f.sparse_limit, f.n_out)
+            and w[k] <= (1 - cfg.majority) * v[k] and _spike(f, k)
+            and _i(s.n_zeroed) <= (1 - cfg.majority) * v[k]):
+      continue  # (fewer than the outliers: the residual's; zeros: theirs)
+    if k == f.nbits - 1 and not sign_mirrored(f, int(v[k])):
+      continue  # signs of values at or near zero: a base's rounding
+    below = int(f.xor[k - 1]) if k else 0
+    out.append(Found("stuck_at", Stuck(k, polarity, int(v[k]), int(v[k])),
+                     f"{int(v[k])} elements ({pct(v[k] / f.n)}) have bit {k} "
+                     f"({f.field_of_bit(k)}) forced {1 - polarity}->"
+                     f"{polarity} ({int(w[k])} the other way; {below} "
+                     f"change the bit below): a stuck-at-{polarity} bit "
+                     "over the dense base", v[k] / f.ndiff))
+  return out
+
+
 def _max_ulps(f: Facts) -> float:
   """The largest ULP distance: the top nonempty bucket k of ulp_hist holds
   distances in [2**(k-1), 2**k)."""
@@ -373,28 +532,43 @@ def _max_ulps(f: Facts) -> float:
   return 2.0 ** (top - 1) if top else 0.0
 
 
+def _min_ulps(f: Facts) -> float:
+  """The smallest ULP distance of a differing element (the lowest
+  nonempty bucket k >= 1 of ulp_hist holds distances from 2**(k-1))."""
+  hist = np.asarray(f.sig.ulp_hist)[1:]
+  nz = np.nonzero(hist)[0]
+  return 2.0 ** int(nz[0]) if nz.size else 0.0
+
+
 def _beyond_reordering(f: Facts) -> bool:
   return f.has_ref and f.noise_ratio > f.cfg.reordering_envelope
 
 
 def _sparse_gate(f: Facts) -> bool:
-  """Few elements far beyond rounding, where no other rule read the
-  outliers: no decomposition, or a decomposed record with no outlier
-  whose error is beyond reordering or whose few differing elements are a
-  bit or two off with every other element bitwise golden."""
+  """Few elements far beyond rounding, not mostly zeros (the zero and
+  flush hypotheses'): no decomposition; a decomposed
+  record with no outlier whose error is beyond reordering; or one whose
+  few differing elements (every other element bitwise golden: each of
+  them a fault's, outlier or not) are a bit or two off, or each at least
+  flip_min_ulps of its own ulps off (no rounding of a correct kernel
+  moves only a few elements, each that far)."""
   cfg = f.cfg
   if not f.ndiff or f.share > cfg.sparse_whole_share:
     return False
+  if _i(f.sig.n_zeroed) >= cfg.zero_share * f.ndiff:
+    return False  # zeros: the zero and flush hypotheses'
   if f.dec:
     exact_rest = (f.share <= cfg.sparse_exact_share
-                  and f.bits_per_diff <= cfg.sparse_exact_bits)
-    if f.n_out or not (_beyond_reordering(f) or exact_rest):
+                  and (f.bits_per_diff <= cfg.sparse_exact_bits
+                       or _min_ulps(f) >= cfg.flip_min_ulps))
+    if not (exact_rest or (not f.n_out and _beyond_reordering(f))):
       return False
     if f.n_beyond and _i(f.sig.n_rounded) >= f.n_beyond:
       return False  # every element beyond is a coarser format's rounding
   return True
 
 
+@says_nonfinite
 def sparse(f: Facts) -> list[Found]:
   """``bitflip`` (at most flip_bits_whole bits per differing element) or
   ``random_value``: few elements (at most sparse_whole_share) moved far
@@ -445,6 +619,7 @@ def biased_sum_bound(f: Facts) -> float:
           * 2.0 ** cfg.level_octaves)
 
 
+@says_nonfinite
 def scale_fit(f: Facts) -> list[Found]:
   """``scale`` (or ``parameter``, a layer norm's other variance): ``t - r
   = delta r`` in every row, with the fit's residual and per-row spread
@@ -485,10 +660,29 @@ def scale_fit(f: Facts) -> list[Found]:
                 f"below |{delta:.3g}|)", 1.0)]
 
 
+def _swap(shares: np.ndarray, cfg) -> tuple[int, float] | None:
+  """``(s, share)`` where the sampled elements equal golden shifted by
+  ``+s`` lines and by ``-s`` lines, together at least match_share and
+  each at least 1 - match_share of them: two lines ``s`` apart swapped
+  (each holds the other's values); None otherwise."""
+  mid = len(shares) // 2
+  best = None
+  for k in range(1, mid + 1):
+    up, down = float(shares[mid + k]), float(shares[mid - k])
+    if (min(up, down) >= 1 - cfg.match_share
+        and up + down >= cfg.match_share
+        and (best is None or up + down > best[1])):
+      best = (k, up + down)
+  return best
+
+
+@says_nonfinite
 def moved_beyond(f: Facts) -> list[Found]:
   """``indexing``: the sampled elements beyond the rounding envelope
   equal, within it, golden transposed or shifted by some rows or
-  columns."""
+  columns (all by one shift; or two lines swapped: half by ``+s``, half
+  by ``-s``, the outliers each other's values, sorting shrinking their
+  error by permutation_gain)."""
   s, cfg = f.sig, f.cfg
   if not (f.dec and _i(s.out_shift_n) >= cfg.min_pattern
           and f.beyond_share >= cfg.fit_share):
@@ -515,22 +709,48 @@ def moved_beyond(f: Facts) -> list[Found]:
                        f"rounding envelope equal, within it, golden shifted "
                        f"by {k - mid} {axis}s ({pct(f.beyond_share)} of "
                        "elements beyond it)", float(shares[k])))
+    elif (_swap(shares, cfg) is not None
+          and sorted_gain(f) >= cfg.permutation_gain):
+      k, share = _swap(shares, cfg)
+      name = "columns" if axis == "col" else "rows"
+      out.append(Found("indexing",
+                       Moved("swap", name, k, share, 0, 0, f.n_beyond),
+                       f"{pct(share)} of the sampled elements beyond the "
+                       f"rounding envelope equal, within it, golden shifted "
+                       f"by +{k} or by -{k} {axis}s: two {name} {k} apart "
+                       f"swapped ({pct(f.beyond_share)} of elements beyond "
+                       "the envelope)", share))
   return out
 
 
-def permuted_outliers(f: Facts) -> list[Found]:
-  """``indexing``: the outliers hold each other's golden values (sorted,
-  at least match_share of them equal their sorted references), not
-  mostly zeros, and moved far."""
+def sorted_gain(f: Facts) -> float:
+  """How many times the outliers' error shrinks when their values and
+  their references are both sorted (``inf`` where the sorted error is
+  0); 0 unless every outlier was gathered (at least two), most of them
+  meet their sorted references within the envelope, they are not mostly
+  zeros and moved far (at least permuted_error of the golden RMS)."""
   s, cfg = f.sig, f.cfg
-  if not f.dec:
-    return []
   matched, moved = _i(s.n_out_matched), _i(s.n_out_moved)
   far = _f(s.out_abs_max) >= cfg.permuted_error * f.golden_rms
-  gain = _f(s.out_err_sum) / max(_f(s.out_sorted_err), 1e-300)
-  if not (2 <= matched == f.n_out and moved >= cfg.match_share * matched
-          and _i(s.n_out_zero) < cfg.half * f.n_out and far
-          and gain >= cfg.permutation_gain):
+  if not (f.dec and 2 <= matched == f.n_out
+          and moved >= cfg.match_share * matched
+          and _i(s.n_out_zero) < cfg.half * f.n_out and far):
+    return 0.0
+  return _f(s.out_err_sum) / max(_f(s.out_sorted_err), 1e-300)
+
+
+@says_nonfinite
+def permuted_outliers(f: Facts) -> list[Found]:
+  """``indexing``: the outliers hold each other's golden values (sorted,
+  at least match_share of them equal their sorted references, the
+  sorting shrinking their error by permutation_gain and beyond
+  permutation_sample_factor sqrt(n)), not mostly zeros, and moved
+  far."""
+  s, cfg = f.sig, f.cfg
+  matched, moved = _i(s.n_out_matched), _i(s.n_out_moved)
+  need = max(cfg.permutation_gain,
+             cfg.permutation_sample_factor * math.sqrt(max(matched, 1)))
+  if sorted_gain(f) < need:
     return []
   return [Found("indexing",
                 Moved("permutation", "", 0, moved / matched, 0, 0, f.n_out),

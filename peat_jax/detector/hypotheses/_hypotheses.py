@@ -75,6 +75,7 @@ HYPOTHESES = (
     Hypothesis("indexing", _F, "any", whole.permuted),
     Hypothesis("ftz", _F, "any", whole.tiny_flush),
     Hypothesis("stuck_at", _F, "any", whole.stuck),
+    Hypothesis("stuck_at", _F, "any", whole.stuck_dense),
     Hypothesis("bitflip / random_value", _F, "any", whole.sparse),
     Hypothesis("saturation", _F, "plain", whole.clipped),
     Hypothesis("indexing", _F, "plain", whole.edge),
@@ -102,7 +103,7 @@ HYPOTHESES = (
     Hypothesis("unknown", _F, "residual", residual.unexplained),
     # The base, most specific first.
     Hypothesis("precision / accumulation", _B, "any", base.probed_precision),
-    Hypothesis("parameter / approximation / indexing", _B, "any",
+    Hypothesis("indexing / parameter / scale / approximation", _B, "any",
                port.probed_form),
     Hypothesis("precision", _B, "any", base.rounded_output),
     Hypothesis("truncation", _B, "any", base.truncation_vs_reference),
@@ -114,23 +115,26 @@ HYPOTHESES = (
     Hypothesis("precision", _B, "any", base.truncated_operands),
     Hypothesis("accumulation", _B, "any", base.accumulation_level),
     Hypothesis("precision", _B, "any", base.input_level),
-    Hypothesis("parameter / approximation", _B, "any", port.row_scale),
-    Hypothesis("approximation", _B, "any", port.value_function),
-    Hypothesis("approximation", _B, "any", port.biased_error),
-    Hypothesis("approximation", _B, "any", port.probed_dense),
+    Hypothesis("parameter / scale", _B, "any", port.row_scale),
+    Hypothesis("approximation / unknown", _B, "any", port.value_function),
+    Hypothesis("approximation / unknown", _B, "any", port.biased_error),
+    Hypothesis("unknown", _B, "any", port.probed_dense),
     Hypothesis("reordering", _B, "any", base.small_median),
 )
 
 #: A fault's rank: exact relations, then patterns, then the catch-alls
 #: (one bit forced one way is the fault, the lane it sits in its place; a
 #: NaN among a few flipped elements is the flip's; values permuted among
-#: the outliers, their error gone when sorted, are no flips).
+#: the outliers, their error gone when sorted, are no flips, and golden's
+#: own values exchanged between whole tiles are the tiles' indexing, not
+#: their corruption).
 FAULT_TIERS = {"saturation": 0, "scale": 1, "parameter": 1,
-               "indexing:shift": 2, "indexing:transpose": 2, "ftz": 3,
-               "stuck_at": 4, "lane:stride": 5, "zero": 6, "lane:tile": 7,
-               "indexing:tile_edge": 8, "indexing:permutation": 9,
-               "bitflip": 10, "indexing": 11, "nan": 12, "random_value": 13,
-               "unknown": 14}
+               "indexing:shift": 2, "indexing:transpose": 2,
+               "indexing:swap": 2, "ftz": 3,
+               "stuck_at": 4, "lane:stride": 5, "zero": 6,
+               "indexing:permutation": 7, "lane:tile": 8,
+               "indexing:tile_edge": 9, "bitflip": 10, "indexing": 11,
+               "nan": 12, "random_value": 13, "unknown": 14}
 
 
 def applicable(f: Facts) -> tuple[Hypothesis, ...]:

@@ -22,6 +22,7 @@ from peat_jax.detector.facts import (
     FAULT_MODELS, PORT_MODELS, PRECISION_MODELS, Candidate, Diagnosis, Facts,
     family, pct, within_working_sum)
 from peat_jax.detector.hypotheses._h_port import level as port_level
+from peat_jax.detector.hypotheses._h_port import undetermined_note
 from peat_jax.detector.hypotheses._hypotheses import FAULT_TIERS, Hypothesis
 
 _ORDER = {"pass": 0, "warn": 1, "fail": 2}
@@ -108,8 +109,8 @@ def unknown(f: Facts) -> Found:
     if np.isfinite(r2) and r2 >= f.cfg.value_r2:
       seen.append(f"{r2:.0%} of the error is a function of the value")
   return Found("unknown", Unexplained(f.ndiff, f.noise_ratio, f.ndiff),
-               "; ".join(seen) + "; no error model explains it",
-               f.cfg.half)
+               "; ".join(seen) + "; no error model explains it"
+               + undetermined_note(f.ctx.probe), f.cfg.half)
 
 
 def within_underflow(f: Facts) -> bool:
@@ -185,7 +186,9 @@ def decide(accepted: Sequence[tuple[Hypothesis, Found]], f: Facts
   base (the first in hypothesis order) secondary; with no fault the best
   base is primary; with neither, ``unknown``. A
   base whose model is a fault's (the probe's wrong grouping, applied to
-  every element) is still the base: a fault on top of it is primary.
+  every element) is still the base: a fault on top of it is primary,
+  unless the fault alone would only warn (a flush of a few tiny values
+  over an output scaled by a slip): the worse cause is primary.
 
   Args:
     accepted: (hypothesis, finding) pairs, bases in ranking order.
@@ -204,6 +207,8 @@ def decide(accepted: Sequence[tuple[Hypothesis, Found]], f: Facts
   whole = faults and getattr(top.evidence, "covers", 0) >= (
       f.cfg.match_share * f.ndiff)
   second = bases[0] if faults and bases and not whole else None
+  if second is not None and severity(second) > severity(top):
+    top, second = second, top  # a warn on top of a failing base: the base
   if second is not None and second.model == top.model:
     second = None
   verdict = model_verdict(top.model, f)

@@ -61,6 +61,13 @@ class Repro(NamedTuple):
   reference: np.ndarray | None
   context: dict
 
+  @property
+  def site_call(self) -> tuple:
+    """``(kernel, args, kwargs)`` of the stored call: the Detector's slip
+    search reads it (``peat.testing.assert_matches_golden(call=...)``)."""
+    return self.meta["site"]["kernel"], tuple(self.call.args), dict(
+        self.call.kwargs)
+
   def run(self, kut: str | None = None) -> np.ndarray:
     """The KUT's first output on the stored call.
 
@@ -134,7 +141,8 @@ called as site
 kernel's noise floor: ``peat.testing.assert_matches_golden`` analyzes the
 KUT's output against the golden kernel's (``case.npz``, computed by
 {golden_from}) and their float64 reference, and fails unless the Detector
-calls the difference rounding noise (``pass``). No training run.
+calls the difference rounding noise (``pass``); a failure names the slip
+the Detector's search finds on the stored inputs. No training run.
 
 When it was exported the KUT's record said: {model} ({verdict}): {evidence}
 
@@ -154,7 +162,8 @@ def test_kut_matches_golden():
   case = peat.testing.load_repro(HERE)
   out = case.run()
   peat.testing.assert_matches_golden(out, case.golden[0], case.reference,
-                                     context=case.context)
+                                     context=case.context,
+                                     call=case.site_call)
 '''
 
 

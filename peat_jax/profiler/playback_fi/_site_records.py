@@ -219,8 +219,17 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None,
     ref = site_reference(site, params, inputs)
   if ref is None:
     return None
-  args, kwargs = inputs, {}
-  if site.composite and "template" in params:
+  # A primitive's parameters (dimension_numbers, ...) tell the grammar
+  # its contraction and layouts.
+  args, kwargs = inputs, ({} if site.composite else {
+      k: v for k, v in params.items() if k != "vjp"})
+  kind = site.kernel
+  if params.get("vjp"):
+    # A composite's backward site: its inputs are the forward call's
+    # arrays and the cotangents, its reference the VJP; the grammar reads
+    # them as one call of that VJP (no forward family applies).
+    kind = f"{site.kernel}:vjp"
+  elif site.composite and "template" in params:
     treedef, leaves, is_array = params["template"]
     it = iter(inputs)
     try:
@@ -230,7 +239,7 @@ def _port_probe(site, params, tp, sig, ref=None, pre=None,
       return None
   try:
     return _analyzer.port_probe(
-        site.kernel, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
+        kind, args, kwargs, np.asarray(tp.kut), np.asarray(tp.golden),
         ref, reference_fn=lambda *xs: site_reference(site, params, xs),
         reference_args=inputs, hypotheses=hyps, signature="defer",
         only=only)
@@ -491,7 +500,12 @@ def _after_decomposition(sites, pl: _Plan, p: _Pending, tried,
         pl.carried[1].get("explains")):
       return {**found, "carried_from": pl.carried[0]}, "carried probe"
   if tried is not _UNTRIED:
-    return (tried if _analyzer.needs_probe(p.sig) else None), "probe"
+    if not _analyzer.needs_probe(p.sig):
+      return None, "probe"
+    if tried is not None and tried.get("explains"):
+      return tried, "probe"
+    # No input precision explains it: the grammar's other slips, on the
+    # host (the precisions tried already come with ``pre``).
   return _port_probe(*args), "probe"
 
 
