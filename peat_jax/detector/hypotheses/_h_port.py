@@ -240,7 +240,7 @@ def undetermined_note(probe) -> str:
   if not fits:
     return ""
   return ("; on so few values (" + ", ".join(
-      f"{c['name']} {c['estimate']:.3g}" for c in fits) + " each reproduce "
+      f"{c['name']} {c['estimate']:.4g}" for c in fits) + " each reproduce "
           "them) no constant can be told from another: the backward site "
           "(backward=\"kut\") or a per-example output can")
 
@@ -250,7 +250,8 @@ def probed_dense(f: Facts) -> list[Found]:
   grammar the probe searched reproduces (no operand or block in another
   place, no refitted constant, no input precision, no known
   approximation), and whose level is no narrow format's rounding (within
-  1/4 to 2 u of bf16 or fp16): another function, a wrong formula."""
+  1/4 to 2 u of bf16 or fp16) unless a constant reproduces the few values
+  where no input precision does: another function, a wrong formula."""
   cfg = f.cfg
   if not (_open(f) and _probed(f)):
     return []
@@ -258,9 +259,9 @@ def probed_dense(f: Facts) -> list[Found]:
   narrow = any(cfg.narrow_level_low * UNIT_ROUNDOFF[k] <= lvl
                <= cfg.narrow_level_high * UNIT_ROUNDOFF[k]
                for k in ("bf16", "fp16"))
-  if narrow:
-    return []
   probe = f.ctx.probe
+  if narrow and not probe.extra.get("undetermined"):
+    return []  # (a constant reproducing it, no input precision: no format)
   rms = _f(f.sig.in_rel_rms)
   closest = ", ".join((f"{probe.name} ({probe.ratio:.2g})",) + _runners(probe))
   count = len(probe.tried) + sum(probe.extra.get("searched", {}).values())
