@@ -92,8 +92,9 @@ def _cases(rng):
           "preferred_element_type": jnp.float32}
     out.append((f"dot_general [{m},{k}]x[{k},{n}] last term dropped",
                 "dot_general", (a, w), kw,
-                lambda a, w, **_: lax.dot_general(a, w, dn),
-                lambda a, w, **_: lax.dot_general(a[:, :-1], w[:-1], dn)))
+                lambda a, w, dn=dn, **_: lax.dot_general(a, w, dn),
+                lambda a, w, dn=dn, **_: lax.dot_general(a[:, :-1], w[:-1],
+                                                         dn)))
   for b, t, h, d in ((16, 64, 4, 32), (8, 256, 8, 64)):
     q, k, v = (_f32(rng, (b, t, h, d)) for _ in range(3))
     mask = jnp.tril(jnp.ones((t, t), bool), 1)[None, None]
@@ -101,22 +102,22 @@ def _cases(rng):
                 "attention", (q, k, v), {"is_causal": True},
                 lambda q, k, v, is_causal: jax.nn.dot_product_attention(
                     q, k, v, is_causal=True),
-                lambda q, k, v, is_causal: jax.nn.dot_product_attention(
-                    q, k, v, mask=mask)))
+                lambda q, k, v, is_causal, mask=mask:
+                jax.nn.dot_product_attention(q, k, v, mask=mask)))
   for rows, d in ((16 * 4 * 64, 64), (8 * 8 * 256, 256)):
     x = _f32(rng, (rows, d), 2.0)
     out.append((f"softmax [{rows},{d}] online, not rescaled", "softmax",
                 (x,), {}, jax.nn.softmax, _online_softmax))
   x = _f32(rng, (64, 12, 12, 16))
   w = _f32(rng, (3, 3, 16, 32))
-  dn = lax.conv_dimension_numbers(x.shape, w.shape, ("NHWC", "HWIO", "NHWC"))
+  cdn = lax.conv_dimension_numbers(x.shape, w.shape, ("NHWC", "HWIO", "NHWC"))
   ckw = {"window_strides": (1, 1), "padding": ((1, 1), (1, 1)),
          "lhs_dilation": (1, 1), "rhs_dilation": (1, 1),
-         "dimension_numbers": dn, "feature_group_count": 1,
+         "dimension_numbers": cdn, "feature_group_count": 1,
          "batch_group_count": 1, "precision": None,
          "preferred_element_type": None}
   conv = lambda x, w, **_: lax.conv_general_dilated(
-      x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=dn)
+      x, w, (1, 1), ((1, 1), (1, 1)), dimension_numbers=cdn)
   out.append(("conv [64,12,12,16]*[3,3,16,32] filter flipped",
               "conv_general_dilated", (x, w), ckw, conv,
               lambda x, w, **_: conv(x, w[::-1, ::-1])))

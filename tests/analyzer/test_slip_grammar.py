@@ -72,7 +72,7 @@ from peat_jax.analyzer.probes import _ports
 #: quarter (EXPLAINS) leaves the fit the margin the explaining ratio has.
 ESTIMATE_SHARE = 0.25
 
-CI_SEED, CI_CASES, CI_CALLS = 66, 12, 3
+CI_SEED, CI_CASES, CI_CALLS = 66, 6, 3
 SLOW_SEED, SLOW_CASES, SLOW_CALLS = 6601, 66, 22
 
 

@@ -256,7 +256,8 @@ def test_gemm_slips_at_fuzz_shapes_are_named_from_their_inputs(
     which, kut, variant, name, request, escape_path, tmp_path, monkeypatch):
   """A GEMV that drops its last K term and an epilogue that repeats its
   last column (N % 8 == 7) pass training's shapes; at the fuzz's shape the
-  record is named from the variant's own inputs, and fails."""
+  record is named from the variant's own inputs (the port probe's slip
+  search or the shape probe), and fails."""
   task, d = request.getfixturevalue(which)
   (tmp_path / "gemv_drop.py").write_text(_GEMV_DROP)
   monkeypatch.syspath_prepend(str(tmp_path))
@@ -266,5 +267,10 @@ def test_gemm_slips_at_fuzz_shapes_are_named_from_their_inputs(
   (rec,) = [x for x in r.records if x["variant"] == variant][:1]
   diag = rec["diagnosis"]
   assert (diag["model"], diag["verdict"]) == ("indexing", "fail"), diag
-  assert rec["shape_probe"]["name"] == name and diag["named_by"] == "inputs"
+  assert rec["shape_probe"]["name"] == name
+  # Named from the variant's own inputs: by the shape probe, or already by
+  # the port probe's slip search (a lower ratio keeps its diagnosis).
+  port = rec.get("port") or {}
+  assert diag.get("named_by") == "inputs" or (
+      port.get("explains") and port.get("model") == "indexing"), (diag, port)
   assert r.verdict.verdict == "fail"
