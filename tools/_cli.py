@@ -418,6 +418,16 @@ KUT_HELP = ("KUT spec: golden, native:<kernel>:<variant>[@tile], a "
             "(peat_jax.kernels.known_specs(); docs/kernels.md).")
 
 
+def kernel_help() -> str:
+  """``--kernel``'s help: the site kernels, from their calling conventions."""
+  import peat_jax as peat  # pylint: disable=g-import-not-at-top
+  return ("The site kernel a py:, ffi: or torch:<module>:<function> KUT "
+          f"replaces: {', '.join(peat.kernels.SITE_KERNELS)} (a py: KUT: "
+          "any kernel of the step, called with its primitive's operands and "
+          "parameters). Each kernel's KUT signature: docs/kernels.md, "
+          "\"The KUT signature of each site kernel\".")
+
+
 def define_kut_flags(flag_values: flags.FlagValues,
                      default: str | None = "native:conv2d:in_bf16"
                      ) -> KutFlags:
@@ -425,11 +435,7 @@ def define_kut_flags(flag_values: flags.FlagValues,
   return KutFlags(
       flags.DEFINE_string("kut", default, KUT_HELP, flag_values=flag_values),
       flags.DEFINE_string(
-          "kernel", None, "The site kernel a py:, ffi: or torch:<module>:"
-          "<function> KUT replaces: dot_general, conv_general_dilated, "
-          "softmax, log_softmax, layer_norm, rms_norm, attention, gelu, "
-          "cross_entropy (a py: KUT: any kernel of the step).",
-          flag_values=flag_values))
+          "kernel", None, kernel_help(), flag_values=flag_values))
 
 
 def define_fail_on(flag_values: flags.FlagValues) -> flags.FlagHolder:

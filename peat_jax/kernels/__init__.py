@@ -11,7 +11,8 @@ references, tolerances and seeded inputs for checks of native variants),
 ``_ffi`` (every ``ffi_call`` of peat_jax, in one module), ``_variants``
 (the variants' names, codes and expected error models), ``_user`` (the
 user's own KUT specs: ``py:``, ``ffi:``, ``torch:<module>:<function>``) and
-``_user_ffi`` (the site adapters of ``ffi:`` KUTs: the FFI calling
+``_conventions`` (the KUT calling convention of each site kernel, as
+data: signatures, argument forms, golden kernels) and ``_user_ffi`` (the site adapters of ``ffi:`` KUTs: the FFI calling
 convention of each site kernel, docs/kernels.md). BUILD.md says how the
 native libraries are built.
 """
@@ -34,5 +35,10 @@ from peat_jax.kernels.kut import as_spec as as_spec
 from peat_jax.kernels.kut import CheckedSpec as CheckedSpec
 from peat_jax.kernels.kut import checked as checked
 from peat_jax.kernels._user import ADAPTED_KERNELS as ADAPTED_KERNELS
-from peat_jax.kernels._user import CONVENTIONS as CONVENTIONS
+from peat_jax.kernels._conventions import CONVENTIONS as CONVENTIONS
+from peat_jax.kernels._conventions import Convention as Convention
+from peat_jax.kernels._conventions import SITE_KERNELS as SITE_KERNELS
+from peat_jax.kernels._conventions import check_call as check_call
+from peat_jax.kernels._conventions import convention as convention
+from peat_jax.kernels._conventions import signature as signature
 from peat_jax.kernels._user import check_preferred as check_preferred

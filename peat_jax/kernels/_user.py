@@ -26,49 +26,13 @@ import numpy as np
 
 from peat_jax import core as _core
 from peat_jax.core import PeatError
+from peat_jax.kernels._conventions import SITE_KERNELS, convention
 
 SOURCES = ("py", "ffi", "torch")
 
-#: Site kernels with an adapter for ``ffi:`` and ``torch:`` KUTs.
-ADAPTED_KERNELS = ("dot_general", "conv_general_dilated", "softmax",
-                   "log_softmax", "layer_norm", "rms_norm", "attention",
-                   "gelu", "cross_entropy", "silu", "rope")
-
-#: The KUT signature of each site kernel (docs/kernels.md).
-CONVENTIONS = {
-    "dot_general": "kut(lhs, rhs, *, dimension_numbers, precision, "
-                   "preferred_element_type, out_sharding), lax.dot_general's "
-                   "operands and parameters",
-    "conv_general_dilated": "kut(lhs, rhs, *, window_strides, padding, "
-                            "lhs_dilation, rhs_dilation, dimension_numbers, "
-                            "feature_group_count, batch_group_count, "
-                            "precision, preferred_element_type)",
-    "softmax": "kut(x, axis=-1)",
-    "log_softmax": "kut(x, axis=-1)",
-    "layer_norm": "kut(x, scale, bias, eps)",
-    "rms_norm": "kut(x, scale, eps)",
-    "attention": "kut(q, k, v, mask=None, *, bias=None, scale=None, "
-                 "is_causal=False) on [batch, length, heads, head_dim]; k "
-                 "and v may have fewer heads than q (grouped-query "
-                 "attention: q's heads a multiple of theirs)",
-    "gelu": "kut(x, approximate=False)",
-    "silu": "kut(x) -> x * sigmoid(x), or kut(x, up) -> silu(x) * up (the "
-            "SwiGLU activation: x the gate projection, up the up "
-            "projection, same shape and dtype)",
-    "rope": "kut(x, positions, *, theta) on x [batch, length, heads, "
-            "head_dim] (head_dim even), positions int32 [length]: rotary "
-            "embedding of the two halves (GPT-NeoX / Llama layout), angles "
-            "positions * theta**(-2i/head_dim) in float32, one rounding to "
-            "x's dtype",
-    "cross_entropy": "kut(logits, labels, reduction='mean')",
-}
-
-
-def convention(kernel: str) -> str:
-  """The KUT signature of a site kernel, for messages."""
-  return CONVENTIONS.get(
-      kernel, f"kut(*operands, **params) with lax.{kernel}'s operands and "
-      "parameters (a composite: the marked function's arguments)")
+#: Site kernels with an adapter for ``ffi:`` and ``torch:`` KUTs: every
+#: kernel with a calling convention.
+ADAPTED_KERNELS = SITE_KERNELS
 
 
 def check_preferred(what: str, dtype, preferred) -> None:
@@ -191,7 +155,8 @@ def signature_checked(fn: Callable, spec: str, kernel: str) -> Callable:
             f"KUT {spec}: {name}{sig} cannot take the arguments of a "
             f"{kernel} site ({_describe(args, kwargs)}): {err}. Expected "
             f"the {kernel} calling convention {convention(kernel)} "
-            "(docs/kernels.md)") from None
+            "(docs/kernels.md, \"The KUT signature of each site kernel\")"
+            ) from None
     return fn(*args, **kwargs)
 
   return kut

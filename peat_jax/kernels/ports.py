@@ -21,7 +21,7 @@ are the port-mismatch cases of the Detector's calibration.
 
 The kernels of a Llama-style bf16 model (``rms_norm``, ``silu``, ``rope``,
 grouped-query ``attention``; their KUT signatures are those of
-``peat_jax.kernels._user.CONVENTIONS``) have ports of both kinds here:
+``peat_jax.kernels.CONVENTIONS``) have ports of both kinds here:
 correct alternatives in :data:`BENIGN_PORTS` (HF Llama's RMSNorm, other
 orders of the mean of squares, SiLU and RoPE in float32 written another
 way, GQA by repeating the kv heads) and slips in :data:`LLAMA_PORTS`
@@ -196,7 +196,7 @@ def dot_general_split_k_edge(lhs: jax.Array, rhs: jax.Array, *,
 
 # ------------------------------------------- Llama-style kernels (bf16)
 #
-# Conventions (peat_jax.kernels._user.CONVENTIONS): rms_norm ``(x, scale,
+# Conventions (peat_jax.kernels.CONVENTIONS): rms_norm ``(x, scale,
 # eps)``, silu ``(x)`` or ``(x, up)``, rope ``(x, positions, *, theta)``
 # (``theta`` also taken by position), attention ``(q, k, v, mask=None, *,
 # bias=None, scale=None, is_causal=False)`` with k and v of fewer heads
@@ -535,7 +535,7 @@ PORTS: types.MappingProxyType = types.MappingProxyType({
 })
 
 #: kind -> name -> a slip of a Llama-style model's port (the KUT signatures
-#: of ``_user.CONVENTIONS``). Kept apart from :data:`PORTS`: the composed
+#: of ``peat_jax.kernels.CONVENTIONS``). Kept apart from :data:`PORTS`: the composed
 #: calibration runs these on its 16-bit cases (the ``llama`` and
 #: ``vit_bf16`` sites), ``gqa_wrong_group`` only where there are fewer kv
 #: heads than query heads (elsewhere it is exact).
