@@ -49,6 +49,11 @@ from peat_jax.detector.hypotheses import hypotheses_table as hypotheses_table
 from peat_jax.detector.facts import Diagnosis as Diagnosis
 from peat_jax.detector.facts import host_signature as host_signature
 from peat_jax.detector.verdicts import INVARIANCE_MODELS as INVARIANCE_MODELS
+from peat_jax.detector.verdicts import GLOSSARY as GLOSSARY
+from peat_jax.detector.verdicts import glossary_entry as glossary_entry
+from peat_jax.detector.verdicts import glossary_table as glossary_table
+from peat_jax.detector.verdicts import verdict_of as verdict_of
+from peat_jax.detector.verdicts import verdict_rule as verdict_rule
 from peat_jax.detector.verdicts import invariance_candidates as invariance_candidates
 from peat_jax.detector.verdicts import with_invariance as with_invariance
 from peat_jax.detector.verdicts import named_by_inputs as named_by_inputs

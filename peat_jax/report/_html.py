@@ -122,6 +122,8 @@ from peat_jax.report import _sections
 from peat_jax.report import _shapes
 from peat_jax.report._charts import esc, fmt
 from peat_jax.report._markup import chip as _chip
+from peat_jax.report._markup import linked as _linked
+from peat_jax.report import _glossary
 from peat_jax.report._markup import note as _note
 from peat_jax.report._markup import table as _table
 from peat_jax import core as _core
@@ -306,7 +308,7 @@ def _section_top(sites: Sequence[Mapping], top: int) -> str:
                      "exact are not shown)."))
   for s in chosen[:top]:
     out.append(f"<h3><code>{esc(s['site'])}</code> ({esc(s['direction'])}): "
-               f"{esc(s['model'])} {_chip(s['verdict'])}</h3>")
+               f"{_linked(s['model'])} {_chip(s['verdict'])}</h3>")
     plots = []
     h = s.get("rel_hist")
     if h:
@@ -505,7 +507,8 @@ def render_html(data: Mapping, *, json_name: str = JSON_NAME,
            _sections.section_trends(sites),
            _section_top(sites, top_sites), _section_playback(d),
            _section_runtime(d), _sections.section_significance(d),
-           _sections.section_provenance(d), _section_settings(d),
+           _sections.section_provenance(d), _glossary.section_glossary(d),
+           _section_settings(d),
            f"<footer>peat_jax {esc(_version(d))} &middot; the same data as "
            f'JSON: <a href="{esc(json_name)}">{esc(json_name)}</a></footer>',
            "</main></body></html>"]

@@ -7,7 +7,25 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from peat_jax import detector as _detector
 from peat_jax.report._charts import esc
+
+#: The anchor of an error model's entry in the report's glossary.
+MODEL_ANCHOR = "model-{}"
+
+
+def model_family(name: str) -> str | None:
+  """The glossary family of a model name (None: not a glossary name)."""
+  fam = name.split(":", 1)[0]
+  return fam if fam in _detector.GLOSSARY else None
+
+
+def linked(name: str) -> str:
+  """An error model's name in bold, linked to its glossary entry in the
+  report when the glossary has it."""
+  fam = model_family(name)
+  text = f"<b>{esc(name)}</b>"
+  return f'<a href="#{MODEL_ANCHOR.format(fam)}">{text}</a>' if fam else text
 
 
 def chip(verdict: str) -> str:
@@ -18,8 +36,8 @@ def model(record: Mapping) -> str:
   """A diagnosis's error model in bold, with its second cause when given
   (a site, or a fuzz variant)."""
   second = record.get("secondary")
-  return f"<b>{esc(record['model'])}</b>" + (
-      f" + {esc(second['model'])}" if second else "")
+  return linked(record["model"]) + (
+      f" + {linked(second['model'])}" if second else "")
 
 
 def note(text: str) -> str:

@@ -88,7 +88,8 @@ def test_deciding_sites_are_numbered_worst_first_and_ringed():
   block = _overview.decided(d)
   assert block.index("fwd/b:0") < block.index("fwd/a:0")
   assert '<li value="1">' in block and '<li value="2">' in block
-  assert "at step 0, 10: <b>indexing</b>" in block
+  assert ("at step 0, 10: <a href=\"#model-indexing\"><b>indexing</b></a>"
+          in block)
   assert "evidence of fwd/b:0" in block and "fwd/c:0" not in block
 
 

@@ -379,7 +379,7 @@ def test_html_content(data, written):
   assert "fwd/Block&lt;0&gt;/Attn &amp; Co/dot_general:1" in page
   order = ["verdict", "detector", "localization", "heat", "trends",
            "top-sites", "playback", "runtime", "significance", "provenance",
-           "settings"]
+           "error-models", "settings"]
   pos = [page.index(f'<section id="{s}">') for s in order]
   assert pos == sorted(pos)
   assert page.index("<h1>") < pos[0] < pos[-1] < page.index("<footer>")
@@ -396,6 +396,20 @@ def test_html_content(data, written):
   for word in ("sign", "exponent", "mantissa", "ULP distance",
                "Relative error", "bit 27 (exponent bit 4): 3"):
     assert word in bits
+
+
+def test_every_model_named_links_to_its_glossary_entry(data, written):
+  page = written.html.read_text(encoding="utf-8")
+  glossary = _section(page, "error-models")
+  links = set(re.findall(r'href="#(model-[a-z_]+)"', page))
+  anchors = set(re.findall(r'id="(model-[a-z_]+)"', glossary))
+  assert links and links == anchors
+  named = {s["model"].split(":")[0] for s in data["sites"]}
+  assert {f"model-{m}" for m in named} <= anchors
+  for m in named:
+    assert html.escape(detector.glossary_entry(m).meaning) in glossary
+    assert html.escape(detector.verdict_of(m)) in glossary
+  assert "docs/error_models.md" in glossary
 
 
 def test_detector_table_worst_first(data, written):

@@ -3,6 +3,11 @@ records, the training-level rules and the invariance findings folded
 into a record's diagnosis.
 """
 
+from peat_jax.detector.verdicts._glossary import GLOSSARY as GLOSSARY
+from peat_jax.detector.verdicts._glossary import entry as glossary_entry
+from peat_jax.detector.verdicts._glossary import glossary_table as glossary_table
+from peat_jax.detector.verdicts._glossary import verdict_of as verdict_of
+from peat_jax.detector.verdicts._glossary import verdict_rule as verdict_rule
 from peat_jax.detector.verdicts._invariance import INVARIANCE_FAULTS as INVARIANCE_FAULTS
 from peat_jax.detector.verdicts._invariance import INVARIANCE_MODELS as INVARIANCE_MODELS
 from peat_jax.detector.verdicts._invariance import invariance_candidates as invariance_candidates
