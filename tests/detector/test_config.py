@@ -119,16 +119,3 @@ def test_every_error_model_has_a_hypothesis():
                 "zero", "nan", "lane", "indexing", "scale", "parameter",
                 "approximation", "unknown"):
     assert re.search(rf"\b{model}\b", named), model
-
-
-def test_the_docs_tables_are_generated_from_the_code():
-  page = (ROOT / "docs" / "detector.md").read_text(encoding="utf-8")
-  for name, table in (("hypotheses", detector.hypotheses_table()),
-                      ("thresholds", detector.config_table()),
-                      ("grammar", peat.analyzer.grammar_table())):
-    m = re.search(rf"<!-- generated: {name} -->\n(.*?)\n<!-- end generated "
-                  "-->", page, re.S)
-    assert m is not None, f"docs/detector.md lacks the {name} section"
-    assert m.group(1) == table, (
-        f"docs/detector.md's {name} table is stale: run "
-        "scripts/detector_docs.py")

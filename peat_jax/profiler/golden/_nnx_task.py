@@ -104,14 +104,22 @@ def nnx_task(make_model: Callable[[Any], Any],
   """Builds a :class:`TrainTask` from an nnx model, Optax and a loss.
 
   Args:
-    make_model: ``rngs -> nnx.Module``; ``init_state(seed)`` builds the
-      model with ``nnx.Rngs(seed)`` (fresh parameters per seed, as runtime
-      FI's seed-to-seed spread needs). The model's state must be
-      ``nnx.Param`` only.
+    make_model: ``rngs -> nnx.Module``, called with one argument,
+      ``nnx.Rngs(jax.random.key(seed))``: ``init_state(seed)`` builds the
+      model with it (fresh parameters per seed, as runtime FI's
+      seed-to-seed spread needs), and it is traced, so it must not read
+      the parameters' values. The model's state must be ``nnx.Param``
+      only (no batch statistics, no stored rngs).
     tx: the Optax transformation (``optax.adamw(1e-3)``, a chain, ...).
-    loss_fn: ``(model, batch) -> scalar loss``.
-    batch_at: ``data_position -> batch`` (a pytree of numpy arrays), a pure
-      function of the position, so that a restored run sees the same data.
+    loss_fn: ``(model, batch) -> scalar loss``: the model merged with the
+      step's parameters, and the batch as ``batch_at`` returned it with
+      every array a ``jax.Array``.
+    batch_at: ``position -> batch``, a pure function of ``position``, the
+      number of batches the run consumed before this step (0 for the
+      first step; the step number in a run from scratch), so that a run
+      restored at any checkpoint sees the same data. The batch is any
+      pytree (a dict, a tuple) of NumPy arrays whose shapes and dtypes do
+      not change with the position (the step compiles once).
     name: the task's name (default: the model class's name, lowercase).
     config: JSON-serialisable hyper-parameters stored with the checkpoints.
     eval_batches: held-out batches; the evaluation is their mean loss
