@@ -94,3 +94,16 @@ def test_one_meaning_per_flag_name():
   for name in campaign_tools:
     assert task_flags <= set(every[name]) and "campaign_dir" in every[name]
   assert not {"workdir", "model", "pattern"} & set().union(*every.values())
+
+
+@pytest.mark.parametrize("name", [n for n in TOOLS if isinstance(
+    getattr(_tool(n), "_KUT", None), _cli.KutFlags)])
+def test_kernel_help_lists_every_site_kernel_and_the_missing_one_error_too(
+    name):
+  import peat_jax as peat  # pylint: disable=g-import-not-at-top
+  help_text = " ".join(_flags(name)["kernel"].split())
+  listed = ", ".join(peat.kernels.SITE_KERNELS)
+  assert listed in help_text
+  with pytest.raises(peat.PeatError) as e:
+    peat.kernels.parse_kut("py:json:dumps")
+  assert listed in str(e.value)
