@@ -31,7 +31,6 @@ from typing import Callable
 import peat_jax as peat
 from peat_jax import analyzer
 from peat_jax import detector
-from peat_jax.kernels import _conventions
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -68,12 +67,12 @@ PAGES: dict[str, dict[str, Callable[[], str]]] = {
     "docs/detector.md": {"hypotheses": detector.hypotheses_table,
                          "thresholds": detector.config_table,
                          "grammar": analyzer.grammar_table},
-    "docs/kernels.md": {"kut_signatures": _conventions.signature_table,
-                        "kut_arguments": _conventions.arguments_section},
+    "docs/kernels.md": {"kut_signatures": peat.kernels.signature_table,
+                        "kut_arguments": peat.kernels.arguments_section},
     "docs/error_models.md": {"glossary": detector.glossary_table,
                              "verdict_rule": detector.verdict_rule},
     "docs/howto/validate_your_port.md": {
-        "kut_signatures": _conventions.signature_table,
+        "kut_signatures": peat.kernels.signature_table,
         "verdict_rule": detector.verdict_rule,
         "nnx_task": nnx_task_args},
     "docs/howto/read_a_report.md": {"glossary": detector.glossary_table},

@@ -41,4 +41,6 @@ from peat_jax.kernels._conventions import SITE_KERNELS as SITE_KERNELS
 from peat_jax.kernels._conventions import check_call as check_call
 from peat_jax.kernels._conventions import convention as convention
 from peat_jax.kernels._conventions import signature as signature
+from peat_jax.kernels._conventions import signature_table as signature_table
+from peat_jax.kernels._conventions import arguments_section as arguments_section
 from peat_jax.kernels._user import check_preferred as check_preferred

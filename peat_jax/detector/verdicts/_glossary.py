@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from peat_jax.detector.facts import (
-    BENIGN_MODELS, CONFIG, FAULT_MODELS, PRECISION_MODELS, DetectorConfig)
-from peat_jax.detector.facts._facts import PORT_MODELS
+    BENIGN_MODELS, CONFIG, FAULT_MODELS, PORT_MODELS, PRECISION_MODELS,
+    DetectorConfig)
 from peat_jax.detector.verdicts._invariance import (
     INVARIANCE_FAULTS, INVARIANCE_MODELS)
 from peat_jax.detector.verdicts._training import (
