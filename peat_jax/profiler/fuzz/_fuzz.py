@@ -58,6 +58,8 @@ from peat_jax.profiler.fuzz import _shrink
 from peat_jax.profiler.fuzz import _variants as V
 
 FUZZ_FILE = _files.FUZZ_FILE
+#: How a finding of a KUT that raised begins.
+RAISED = "the KUT raised"
 
 
 class FuzzResult(NamedTuple):
@@ -231,6 +233,24 @@ def run_kut(spec: _kut.KutSpec, site: _sites.Site, call: V.Call
   return [np.asarray(o) for o in jax.tree.leaves(out)], store[site.name]
 
 
+def _raised(first: dict) -> bool:
+  """Whether a failing variant's finding is the KUT raising."""
+  return (first.get("kind") == "fuzz_error"
+          and first.get("error", "").startswith(RAISED))
+
+
+def _kut_raises(spec: _kut.KutSpec, site: _sites.Site, call: V.Call) -> bool:
+  """Whether the KUT raises on ``call``: the one question a shrink of a
+  raising KUT asks of a smaller call, answered without the golden kernel,
+  the analysis or their compilations (a call that raises is then run
+  whole, for its finding)."""
+  try:
+    run_kut(spec, site, call)
+  except Exception:  # pylint: disable=broad-except
+    return True
+  return False
+
+
 def _one(xs: Sequence) -> Any:
   return xs[0] if len(xs) == 1 else tuple(xs)
 
@@ -255,8 +275,8 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
       return None, None, ("not applicable: the site's own golden kernel "
                           "and the KUT both refuse it")
     return None, dict(tag, kind="fuzz_error", error=(
-        f"the KUT raised {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-        if str(e) else f"the KUT raised {type(e).__name__}")), None
+        f"{RAISED} {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        if str(e) else f"{RAISED} {type(e).__name__}")), None
   if len(test) != len(golden) or any(
       t.shape != g.shape or t.dtype != g.dtype for t, g in zip(test, golden)):
     got = [f"{t.dtype}{list(t.shape)}" for t in test]
@@ -519,7 +539,11 @@ def shrink_failures(tgts: Sequence[Target], stored: Sequence[dict],
       continue
     call = plan.make(V.rng_of(seed, t.site.name, plan.name))
 
-    def run(name, c, t=t, plan=plan):
+    raised = _raised(first)
+
+    def run(name, c, t=t, plan=plan, raised=raised):
+      if raised and not _kut_raises(spec, t.site, c):
+        return None  # the KUT ran: not this failure (nothing to compare)
       rec, finding, _ = variant_record(
           t, V.Plan(name, plan.family, lambda rng: c), spec, seed)
       return rec or finding
