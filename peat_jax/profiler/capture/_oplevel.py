@@ -161,6 +161,20 @@ def _call(fn: Callable, site: _sites.Site, params: dict, inputs) -> list:
   return [np.asarray(o) for o in once(xs)]
 
 
+def _site_shaped(site: _sites.Site, outs: Sequence[np.ndarray]) -> list:
+  """Captured outputs in the site's own shapes: a tap stores a scalar
+  output (a loss, a mean cross-entropy) as one element, ``[1]``; the KUT
+  returns it as the site does, ``[]``. Scan-stacked outputs (one more
+  axis) are left as they are."""
+  out = []
+  for o, shape in zip(outs, site.out_shapes):
+    shape = tuple(shape)
+    o = np.asarray(o)
+    out.append(o.reshape(shape) if o.shape != shape and o.size == int(
+        np.prod(shape, dtype=np.int64)) and o.ndim <= 1 else o)
+  return out
+
+
 def _primitive(kernel: str):
   p = getattr(lax, f"{kernel}_p", None)
   if p is None:
@@ -200,7 +214,7 @@ def op_record(entry: dict, arrays: dict,
   params = io.decode_params(entry["params"])
   inputs, captured = _split(arrays, entry)
   if site.composite:
-    golden, frm, same = captured, "captured", None
+    golden, frm, same = _site_shaped(site, captured), "captured", None
   else:
     prim = _primitive(site.kernel)
     golden = _call(lambda *a, **p: prim.bind(*a, **p), site, params, inputs)
