@@ -177,13 +177,14 @@ def probe_answer(model: str, name: str, sentence: str, tried: list[str],
 
   Returns:
     ``{"model", "name", "explains", "tried", "ratio", "distance",
-    "reference_distance", "evidence", "estimate"?, "where"?,
-    "rounding"?}``.
+    "reference_distance", "evidence", "sentence", "estimate"?, "where"?,
+    "rounding"?}`` (``sentence``: the hypothesis alone, as ``evidence``
+    begins).
   """
   out = {"model": model, "name": name, "explains": bool(ratio <= EXPLAINS),
          "tried": list(tried),
          "ratio": float(ratio), "distance": float(distance),
-         "reference_distance": float(d_ref),
+         "reference_distance": float(d_ref), "sentence": sentence,
          "evidence": (f"{sentence}: the KUT's median distance to that "
                       f"variant is {ratio:.3g} of its distance to the "
                       f"model's kernel in float64 ({d_ref:.3g} RMS, "

@@ -78,8 +78,10 @@ def _direct(f: Facts, probe) -> list[Found]:
     one = fit  # one factor fits as well as the slip: the fewer words
   if not one and probe.extra.get("category") == "operand":
     one = whole.zero(f)
+  slip = probe.extra.get("sentence") or probe.evidence.split(
+      ": the KUT's median distance")[0]  # a probe stored before "sentence"
   note = ("" if probe.name == "row_factor" else
-          f" (the slip search's best: {probe.evidence.split(': the KUT')[0]})")
+          f" (the slip search's best: {slip})")
   return [x._replace(sentence=x.sentence + note) for x in one or ()]
 
 
