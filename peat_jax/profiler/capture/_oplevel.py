@@ -162,10 +162,11 @@ def _call(fn: Callable, site: _sites.Site, params: dict, inputs) -> list:
 
 
 def _site_shaped(site: _sites.Site, outs: Sequence[np.ndarray]) -> list:
-  """Captured outputs in the site's own shapes: a tap stores a scalar
-  output (a loss, a mean cross-entropy) as one element, ``[1]``; the KUT
-  returns it as the site does, ``[]``. Scan-stacked outputs (one more
-  axis) are left as they are."""
+  """Captured outputs in the site's own shapes: captures written before
+  ``arrays_bytes`` kept 0-d arrays stored a scalar output (a loss, a mean
+  cross-entropy) as one element, ``[1]``; the KUT returns it as the site
+  does, ``[]``. Scan-stacked outputs (one more axis) are left as they
+  are."""
   out = []
   for o, shape in zip(outs, site.out_shapes):
     shape = tuple(shape)

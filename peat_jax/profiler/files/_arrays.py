@@ -42,7 +42,8 @@ def arrays_bytes(arrays: Mapping[str, Any]) -> tuple[bytes, dict]:
   Returns:
     ``(file bytes, {name: {"dtype", "shape", "sha256"}})``.
   """
-  host = {k: np.ascontiguousarray(np.asarray(v)) for k, v in arrays.items()}
+  # order="C", not np.ascontiguousarray: that one makes a 0-d array 1-d.
+  host = {k: np.asarray(v, order="C") for k, v in arrays.items()}
   meta = {k: {"dtype": str(v.dtype), "shape": list(v.shape),
               "sha256": sha256(v)} for k, v in host.items()}
   buf = io.BytesIO()

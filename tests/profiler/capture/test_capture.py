@@ -320,7 +320,7 @@ def test_record_bytes_round_trip_within_planned_size(shape, dtype, tmp_path):
   got = io.load_record(str(tmp_path), {"file": "r.npz", "bytes": len(data),
                                        "arrays": meta, "site": "s",
                                        "step": 0})
-  assert got["in0"].dtype == a.dtype
+  assert got["in0"].dtype == a.dtype and got["in0"].shape == a.shape
   assert got["in0"].tobytes() == a.tobytes() and got["out0"].tobytes() == (
       b.tobytes())
 

@@ -4,7 +4,7 @@ included.
 A correct port of each kernel, written with its documented KUT signature
 (tests/kernels/test_conventions.py), is played back on the captured inputs
 of real training steps and passes: GPT's mean cross-entropy (a float32
-scalar, which a capture stores as one element), layer norm, attention with
+scalar), layer norm, attention with
 a mask, erf GELU and dots; Llama's RMSNorm, RoPE, SwiGLU and grouped-query
 causal attention; the CNN's convolutions; token softmax over axis 1 and a
 class-major log-softmax. The scalar case is in the CI set; the rest, a
@@ -60,3 +60,20 @@ def test_a_correct_port_passes_op_level_playback(name, kernels, tmp_path):
                                          diag.get("evidence"))
     if kernel == "cross_entropy":
       assert all(rec["signature"]["n"] == 1 for rec in r.records)
+
+
+def test_a_scalar_stored_as_one_element_is_read_in_the_sites_shape():
+  """Captures written before 0-d arrays kept their shape hold a scalar
+  output as ``[1]``; op-level playback reads it as the site's ``[]``, and
+  leaves a scan-stacked output (one more axis) alone."""
+  import types  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from peat_jax.profiler.capture import _oplevel  # pylint: disable=g-import-not-at-top
+  site = types.SimpleNamespace(out_shapes=((), (4,)))
+  old = [np.array([2.5], np.float32), np.arange(4, dtype=np.float32)]
+  got = _oplevel._site_shaped(site, old)  # pylint: disable=protected-access
+  assert got[0].shape == () and float(got[0]) == 2.5
+  assert got[1].shape == (4,)
+  stacked = _oplevel._site_shaped(  # pylint: disable=protected-access
+      types.SimpleNamespace(out_shapes=((),)), [np.ones(3, np.float32)])
+  assert stacked[0].shape == (3,)
