@@ -16,7 +16,7 @@ MODEL_ANCHOR = "model-{}"
 
 def model_family(name: str) -> str | None:
   """The glossary family of a model name (None: not a glossary name)."""
-  fam = name.split(":", 1)[0]
+  fam = _detector.family(name)
   return fam if fam in _detector.GLOSSARY else None
 
 

@@ -11,11 +11,12 @@ carries the entries of the models it names.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from peat_jax.detector.facts import (
     BENIGN_MODELS, CONFIG, FAULT_MODELS, PORT_MODELS, PRECISION_MODELS,
-    DetectorConfig)
+    DetectorConfig, family)
 from peat_jax.detector.verdicts._invariance import (
     INVARIANCE_FAULTS, INVARIANCE_MODELS)
 from peat_jax.detector.verdicts._training import (
@@ -154,7 +155,7 @@ def verdict_of(name: str, cfg: DetectorConfig = CONFIG) -> str:
   Returns:
     A sentence such as ``"warn within formula_fail_level = 0.00390625 ..."``.
   """
-  fam = name.split(":", 1)[0]
+  fam = family(name)
   if fam == "exact":
     return "pass"
   if fam == "reordering":
@@ -183,7 +184,6 @@ def verdict_of(name: str, cfg: DetectorConfig = CONFIG) -> str:
 
 
 def _log2(v: float) -> str:
-  import math  # pylint: disable=g-import-not-at-top
   e = math.log2(v)
   return f"{int(e)}" if e == int(e) else f"{e:.3g}"
 
@@ -194,7 +194,7 @@ def entry(name: str) -> Entry:
   Raises:
     KeyError: a name the Detector never gives.
   """
-  fam = name.split(":", 1)[0]
+  fam = family(name)
   if fam not in GLOSSARY:
     raise KeyError(f"unknown error model {name!r}; expected one of "
                    f"{', '.join(GLOSSARY)}")
