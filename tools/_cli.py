@@ -596,6 +596,12 @@ class FuzzFlags(NamedTuple):
     return out
 
 
+def _fuzz_families() -> tuple[str, ...]:
+  """The fuzz's variant families (``peat_jax.profiler.FUZZ_FAMILIES``)."""
+  from peat_jax.profiler import FUZZ_FAMILIES  # pylint: disable=g-import-not-at-top
+  return FUZZ_FAMILIES
+
+
 def define_fuzz_flags(flag_values: flags.FlagValues) -> FuzzFlags:
   """Defines --fuzz, --fuzz_budget, --fuzz_seed and --fuzz_families.
 
@@ -636,9 +642,8 @@ def define_fuzz_flags(flag_values: flags.FlagValues) -> FuzzFlags:
           flag_values=flag_values),
       flags.DEFINE_list(
           "fuzz_families", None,
-          "With --fuzz: only these variant families, some of batch, rows, "
-          "length, features, heads, head_dim, spatial, mask, attention, "
-          "magnitude, denormal (default all).",
+          "With --fuzz: only these variant families, some of "
+          + ", ".join(_fuzz_families()) + " (default all).",
           flag_values=flag_values))
 
 

@@ -135,6 +135,7 @@ def _fuzz(directory: str, steps, kut, settings: dict
                      progress=_cli.Eta(n * 40, prefixes=("fuzz ",)),
                      **settings)
   print(result.summary)
+  print(peat.profiler.fuzz_coverage_line(result.coverage))
   for e in result.errors:
     print(f"finding: {e['site']} {e['variant']}: {e['error']}")
   if not result.records:

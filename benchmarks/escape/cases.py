@@ -209,6 +209,14 @@ SHAPE_DEFECTS = (
     _shape_case("layer_norm_wide", "layer_norm", "scale",
                 "rows of F > 4096 divided by the block's width (vllm PR "
                 "44692, lightseq PR 137)", LAYER_NORM),
+    _shape_case("matmul_corner", "dot_general", "zero",
+                "both M % 8 and N % 8 nonzero: the corner tile of a "
+                "predicated epilogue is never stored (two axes together)",
+                MATMUL),
+    _shape_case("gelu_flat_tail", "gelu", "indexing",
+                "an element count with size % 8 != 0: the remainder loop "
+                "indexes from the buffer's start (the last outputs are "
+                "those of the first elements)", GELU),
     _shape_case("reduce_max_two_pass", "reduce_max", "scale",
                 "past 2^14 elements the block maxima are summed (jax-ml/jax "
                 "issue 18573, openxla/xla issue 7112)", MAX),

@@ -15,6 +15,8 @@ every shape.
 | ``softmax_tail64_long`` | ``softmax`` | rows of L = 40, and of L = 64 (one half vector) | rows of L % 128 == 64 longer than 64 (192, 320, ...) | the row loop sums the full 128-lane vectors and handles a partial last vector only when there is no full one: the last 64 columns of a longer row are left out of the normalizing sum (the ``% 128 == 64`` lengths of pytorch issue 196678) |
 | ``matmul_gemv`` | ``dot_general`` | every site has 32 or more lhs rows | one lhs row (batch 1, one token: a decode step) | an M == 1 fast path calls a column-major GEMV on the row-major ``[K, N]`` operand with the transpose flag and leading dimension of the other layout: it reads the buffer as ``[N, K]`` (alibaba/BladeDISC PR 243: a GEMM with m == 1 diverted to a GEMV path wrong for what it was given) |
 | ``matmul_ntail7`` | ``dot_general`` | every output width N of the training (32, 40, 128, 256, 384, 512: N % 8 == 0) | N % 8 == 7 (7, 15, ..., 383) | the epilogue stores the output row in 8-lane vectors; a last vector one lane short of full takes its last lane from the lane before: the last output column repeats the one before (a vector-tail slip in a GEMM epilogue) |
+| ``matmul_corner`` | ``dot_general`` | every GEMM (M and N multiples of 8), and every variant that changes M or N alone | both M % 8 and N % 8 nonzero (M = 7 and N = 1, ...) | the corner tile, partial in rows and columns, is never stored: its store predicate tests the full blocks' bounds with ``or`` (a predicated GEMM epilogue's corner-tile slip; two axes together gate it) |
+| ``gelu_flat_tail`` | ``gelu`` | every activation (its element count a multiple of 8), and every variant that changes one axis alone | element counts with ``size % 8 != 0`` | the flattened input is activated in 8-lane vectors and the remainder loop indexes from the buffer's start: the last ``size % 8`` outputs are those of the first elements (a vectorized elementwise kernel's scalar epilogue missing its offset; gated on the element count, not on any one axis) |
 | ``attention_causal_topleft`` | ``attention`` | the causal mask ``tril[1, 1, 40, 40]`` (q_len == kv_len) | q_len != kv_len with a bottom-right-aligned causal mask (a KV cache, chunked prefill), packed sequences, any non-causal mask | the port maps "a mask is given" to the fused kernel's ``causal=True`` and drops the mask; its causal triangle is aligned top-left (``s <= t``) (Dao-AILab/flash-attention issue 517 and its 2.1 change: top-left vs bottom-right alignment once seqlen_q != seqlen_k) |
 | ``attention_gqa_modulo`` | ``attention`` | H == Hk == 4 | fewer kv heads than query heads (grouped-query attention) | query head ``j`` given kv head ``j % Hk`` (kv heads tiled) instead of ``j // (H / Hk)`` (repeated) (onnx/onnx PR 7274: GQA expanded with Tile instead of repeat_interleave; ekzhang/jax-js PR 180) |
 | ``layer_norm_wide`` | ``layer_norm`` | F = 128 | rows of F > 4096 features | the row is reduced in blocks of 4096; the sum of squared deviations is divided by the block's width, which is the row length only while the row fits in one block (vllm-project/vllm PR 44692: a fused norm validated at hidden size 4096 only; bytedance/lightseq PR 137: layer-norm kernels limited to hidden sizes below 4096) |
@@ -248,6 +250,90 @@ def matmul_gemv_fixed(lhs, rhs, *, dimension_numbers, precision=None,
   del out_sharding
   return _dot_general(lhs, rhs, dimension_numbers, precision,
                       preferred_element_type, bug=False)
+
+
+#: The tile (rows and columns) of ``matmul_corner``'s output blocks.
+CORNER_TILE = 8
+
+
+def matmul_corner(lhs, rhs, *, dimension_numbers, precision=None,
+                  preferred_element_type=None, out_sharding=None):
+  """``lax.dot_general`` whose output corner tile is never stored when
+  both ``M % 8`` and ``N % 8`` are nonzero.
+
+  The products are those of ``matmul_gemv_fixed``; the output is stored
+  in 8 x 8 tiles, and the store predicate of the tile that is partial in
+  both rows and columns tests ``row < M_full or col < N_full`` (the full
+  blocks' bounds) where it means ``and`` of the true bounds: nothing of
+  that corner is written, and it keeps the zeros the buffer was cleared
+  with. Right wherever M or N is a multiple of 8 (every GEMM of the
+  training run, and every variant that changes one of them alone); wrong
+  in ``(M % 8) * (N % 8)`` outputs of every other product (a predicated
+  epilogue's corner-tile slip).
+  """
+  del out_sharding
+  out = _dot_general(lhs, rhs, dimension_numbers, precision,
+                     preferred_element_type, bug=False)
+  (lc, rc), (lb, rb) = dimension_numbers
+  lf = [d for d in range(lhs.ndim) if d not in tuple(lc) + tuple(lb)]
+  rf = [d for d in range(rhs.ndim) if d not in tuple(rc) + tuple(rb)]
+  m = math.prod(int(lhs.shape[d]) for d in lf)
+  n = math.prod(int(rhs.shape[d]) for d in rf)
+  if not (m % CORNER_TILE and n % CORNER_TILE) or not _is_float(out):
+    return out
+  lead = out.shape[:out.ndim - len(lf) - len(rf)]
+  tiles = out.reshape(lead + (m, n))
+  m0, n0 = m - m % CORNER_TILE, n - n % CORNER_TILE
+  tiles = tiles.at[..., m0:, n0:].set(0)
+  return tiles.reshape(out.shape)
+
+
+def matmul_corner_fixed(lhs, rhs, *, dimension_numbers, precision=None,
+                        preferred_element_type=None, out_sharding=None):
+  """``matmul_corner`` storing its corner tile."""
+  del out_sharding
+  return _dot_general(lhs, rhs, dimension_numbers, precision,
+                      preferred_element_type, bug=False)
+
+
+# --------------------------------------------------------------------- gelu
+
+#: The vector width (lanes) of ``gelu_flat_tail``'s loop.
+GELU_LANES = 8
+
+
+def _gelu(x: jax.Array) -> jax.Array:
+  return jax.nn.gelu(_f32(x), approximate=False).astype(x.dtype)
+
+
+def gelu_flat_tail(x, *, approximate=False):
+  """GELU over the flattened input in 8-lane vectors whose remainder
+  loop indexes from the start of the buffer: the last ``t = size % 8``
+  outputs of the flattened input are ``gelu(x[0]) ... gelu(x[t - 1])``
+  (``i`` where ``size - t + i`` was meant).
+
+  Right on every input whose element count is a multiple of 8 (every
+  activation of the training run: its batch, tokens and features all
+  are, so is every variant that changes one axis alone); wrong on the
+  tail of every other (a vectorized elementwise kernel's scalar epilogue
+  missing its offset).
+  """
+  if approximate:  # the tanh form is not what this port implements
+    return jax.nn.gelu(x, approximate=True)
+  y = _gelu(x)
+  tail = x.size % GELU_LANES
+  if not tail or not _is_float(x):
+    return y
+  flat = y.reshape(-1)
+  flat = flat.at[x.size - tail:].set(flat[:tail])
+  return flat.reshape(x.shape)
+
+
+def gelu_flat_tail_fixed(x, *, approximate=False):
+  """``gelu_flat_tail`` with its remainder loop."""
+  if approximate:
+    return jax.nn.gelu(x, approximate=True)
+  return _gelu(x)
 
 
 # ---------------------------------------------------------------- attention

@@ -33,7 +33,9 @@ main ones.
 
 from peat_jax.profiler.campaigns import CampaignPaths as CampaignPaths
 from peat_jax.profiler.fuzz import FUZZ_FAMILIES as FUZZ_FAMILIES
+from peat_jax.profiler.fuzz import FamilyCoverage as FamilyCoverage
 from peat_jax.profiler.fuzz import FuzzResult as FuzzResult
+from peat_jax.profiler.fuzz import coverage_line as fuzz_coverage_line
 from peat_jax.profiler.fuzz import Repro as Repro
 from peat_jax.profiler.fuzz import export_repro as export_repro
 from peat_jax.profiler.fuzz import fuzz as fuzz

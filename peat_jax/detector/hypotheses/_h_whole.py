@@ -439,6 +439,20 @@ def tiny_at_scale(f: Facts) -> bool:
           <= f.cfg.sparse_min_scale_units * f.u * grms)
 
 
+def within_reduction_at_scale(f: Facts, outlier: float) -> bool:
+  """Whether the moved elements, more than sparse_exact_share of the
+  record (no exact rest to set them apart), are within a K-term
+  reduction's rounding at the output's scale: another order of the sum
+  moves an output by about sqrt(K) u of the sum of its terms' magnitudes,
+  about sqrt(K) x the output's RMS for terms of either sign, so K u of
+  the golden RMS (a conv of 129 input channels that lands 1 of its 9
+  outputs 84 u of the RMS away is rounding; an element of a record this
+  small sets no noise floor of its own)."""
+  k = f.ctx.reduction
+  return bool(k and f.share > f.cfg.sparse_exact_share
+              and outlier <= float(k) * f.u)
+
+
 @says_nonfinite
 def stuck(f: Facts) -> list[Found]:
   """``stuck_at``: every differing element differs only in one bit, always
@@ -573,7 +587,8 @@ def sparse(f: Facts) -> list[Found]:
   """``bitflip`` (at most flip_bits_whole bits per differing element) or
   ``random_value``: few elements (at most sparse_whole_share) moved far
   beyond rounding (flip_min_ulps of their own ulps, beyond rounding of
-  the output's scale and of a long sum)."""
+  the output's scale and of a long sum, and, with no exact rest, beyond a
+  K-term reduction's rounding at the output's scale)."""
   cfg = f.cfg
   if not _sparse_gate(f):
     return []
@@ -585,6 +600,7 @@ def sparse(f: Facts) -> list[Found]:
   if not nonfinite and (
       max_ulp < cfg.flip_min_ulps
       or (not beyond and tiny_at_scale(f))
+      or within_reduction_at_scale(f, outlier)
       or (bound > 0 and outlier <= bound)
       or (not beyond and f.share > cfg.sparse_share
           and outlier <= cfg.rounding_abs_ulps * f.u)):

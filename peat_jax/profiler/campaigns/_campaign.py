@@ -261,6 +261,7 @@ def _fuzz_variants(task: TrainTask, kut: "_kut.CheckedSpec",
   say(f"fuzz: {r.ran} variants run, {len(r.records) + len(r.errors)} "
       f"recorded of {r.planned} planned, {over} over the budget "
       f"({r.seconds:.1f} s): {r.summary}")
+  say(_fuzz.coverage_line(r.coverage))
 
 
 def _use_isolation(isolate: bool | None, spec: _kut.KutSpec,

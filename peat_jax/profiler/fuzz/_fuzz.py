@@ -53,6 +53,7 @@ from peat_jax.profiler import golden as _golden
 from peat_jax.profiler import playback_fi as _playback_fi
 from peat_jax.profiler import capture as io
 from peat_jax.profiler.fuzz import _attention
+from peat_jax.profiler.fuzz import _coverage
 from peat_jax.profiler.fuzz import _goldens
 from peat_jax.profiler.fuzz import _shrink
 from peat_jax.profiler.fuzz import _variants as V
@@ -81,6 +82,9 @@ class FuzzResult(NamedTuple):
     shrunk: per site shrunk by this call, ``{"site", "variant" (the
       shrunk one), "shrunk_from", "shapes", "original_shapes", "tries",
       "seconds"}``.
+    coverage: per family, what the records covered of the plan
+      (``{family: FamilyCoverage}``, module ``_coverage``: residue
+      classes, magnitude bands, element-count residues).
   """
 
   records: list
@@ -93,6 +97,7 @@ class FuzzResult(NamedTuple):
   seconds: float
   path: str
   shrunk: list = []
+  coverage: dict = {}
 
 
 class Target(NamedTuple):
@@ -264,6 +269,9 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
     golden, frm = target.golden(call)
   except (PeatError, TypeError, ValueError) as e:
     return None, None, f"not applicable: {str(e).splitlines()[0][:200]}"
+  if any(np.size(g) == 0 for g in golden):  # a window past the input
+    return None, None, ("not applicable: the golden kernel's output is "
+                        f"empty ({[list(np.shape(g)) for g in golden]})")
   tag = {"site": site.name, "variant": plan.name, "family": plan.family,
          "step": target.entry["step"], "seed": seed, "kut": spec.spec,
          "shapes": [list(np.shape(x)) for x in (
@@ -288,8 +296,9 @@ def variant_record(target: Target, plan: V.Plan, spec: _kut.KutSpec,
   vsite = variant_site(site, call, golden)
   ins = _arrays(call) if site.composite else list(call.args)
   tap = _sites.Tap(tuple(ins), _one(golden), _one(test))
+  # Each variant's shape comes once: analyzed in its size bucket.
   rec = _playback_fi.site_record(vsite, params, tap, spec.spec,
-                                 target.entry["step"])
+                                 target.entry["step"], one_off=True)
   rec = _named_by_inputs(rec, vsite, params, call, ins, golden, test)
   rec.update(source="fuzz", variant=plan.name, family=plan.family,
              seed=int(seed), capture=target.entry["file"],
@@ -354,13 +363,10 @@ def _masked_rows_convention(site, call: V.Call, golden: list, test: list
       "others")
 
 
-def _order(tgts: Sequence[Target]) -> list[tuple[Target, V.Plan]]:
-  """Round robin over sites, each site's plans interleaved over families
-  from its own: the k-th site starts at its k-th family, so one round of
-  as many sites as families covers every family (a model of 19 GEMM
-  sites sees all six families in its first six variants, not its first
-  3 x 19)."""
-  plans = [V.interleave(t.plans, start=k) for k, t in enumerate(tgts)]
+def _round_robin(tgts: Sequence[Target], offset: int
+                 ) -> list[tuple[Target, V.Plan]]:
+  plans = [V.interleave(t.plans, start=offset + k, turn=offset + k)
+           for k, t in enumerate(tgts)]
   out, i = [], 0
   while True:
     row = [(t, p[i]) for t, p in zip(tgts, plans) if i < len(p)]
@@ -368,6 +374,25 @@ def _order(tgts: Sequence[Target]) -> list[tuple[Target, V.Plan]]:
       return out
     out += row
     i += 1
+
+
+def _order(tgts: Sequence[Target]) -> list[tuple[Target, V.Plan]]:
+  """Round robin over sites, each site's plans interleaved over families
+  from its own: the k-th site starts at its k-th family, so one round of
+  as many sites as families covers every family (a model of 19 GEMM
+  sites sees all six families in its first six variants, not its first
+  3 x 19), and each axis at its k-th length (sites of one kernel take
+  the lattice's first lengths, the large bands among them, in their
+  first round). A site that makes the same call as an earlier one
+  (:func:`shape_key`: a second block's, a projection of the same shape)
+  runs its variants after every first site's: a shape-gated bug is the
+  same at both, and a budget goes to the shapes first."""
+  first: dict = {}
+  for t in tgts:
+    first.setdefault(_coverage.shape_key(t), t)
+  lead = list(first.values())
+  rest = [t for t in tgts if all(t is not f for f in lead)]
+  return _round_robin(lead, 0) + _round_robin(rest, len(lead))
 
 
 def verdict_of(records: Sequence[dict], errors: Sequence[dict]
@@ -495,7 +520,8 @@ def fuzz(source: str | os.PathLike, kut_spec, *,
   errors = [r for r in stored if r.get("kind") == "fuzz_error"]
   v, summary = verdict_of(records, errors)
   return FuzzResult(records, errors, v, summary, len(order), ran, skipped,
-                    round(time.perf_counter() - t0, 3), path, shrunk)
+                    round(time.perf_counter() - t0, 3), path, shrunk,
+                    _coverage.coverage(tgts, records + errors))
 
 
 #: Sites one :func:`fuzz` call shrinks a failure of, at most.

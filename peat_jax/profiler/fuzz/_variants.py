@@ -30,9 +30,12 @@ and beside them: ``rows=1`` (every row axis 1: a GEMV path), ``len=1048576``
 (one row of 2^20, row-wise kernels), the ``mask`` family (softmax sites:
 padding, fully masked rows, causal with q_len != kv_len, module
 ``_masks``; attention sites: module ``_attention``), the ``attention``
-family (q_len != kv_len, packed sequences), ``magnitude`` (the first input
-scaled by 2^k up to the golden dtype's overflow edge) and ``denormal``
-(scaled into the subnormal range).
+family (q_len != kv_len, packed sequences), ``joint`` and ``tail`` (every
+axis at once: one on its lattice with the others at one or an odd length,
+seeded draws of all, and the length axis swept over the element count's
+residues; module ``_lattice``), ``magnitude`` (the first input scaled by
+2^k up to the golden dtype's overflow edge) and ``denormal`` (scaled into
+the subnormal range).
 """
 
 from __future__ import annotations
@@ -155,7 +158,7 @@ class _Named:
                                                 key=lambda g: g[3])
                 if n != name]
       out.append(L.coupled(name, family, self.call, where, others, longest,
-                           valid))
+                           valid, bend=family in ("batch", "rows")))
     return out
 
 
@@ -242,6 +245,7 @@ def _plans_of(base: Call, g: _Named, seed: int, rows: Sequence | None,
   row of :data:`ONE_ROW` (over every row axis)."""
   axes = g.axes()
   plans = L.axis_plans(base, axes, lambda name: _draws(seed, name, axes))
+  plans += L.joint_plans(base, axes, seed)
   if rows and any(base.args[w[0][0]].shape[w[0][1]] != 1 for w in rows):
     plans.append(Plan("rows=1", "rows", lambda rng: _all_one(base, rows,
                                                               rng)))
@@ -388,11 +392,15 @@ def _positions(pos: np.ndarray, n: int, rng) -> np.ndarray:
 
 def _rope_axes(call: Call) -> _Named:
   g = _Named(call)
-  g.add("batch", "batch", [(0, 0)], 0)
+  pos = np.ndim(call.args[1]) if len(call.args) > 1 else 0
+  # Positions follow their tokens (and, [B, T], their batch) wherever
+  # another axis cuts them to fit.
+  g.add("batch", "batch", [(0, 0)] + ([(1, 0)] if pos == 2 else []), 0)
   g.add("heads", "heads", [(0, 2)], 1)
   g.add("head_dim", "head_dim", [(0, 3)], 3, longest=1 << 12,
         valid=lambda n: n % 2 == 0)
-  g.groups.append(("len", "length", [(0, 1)], 2, None, L.LONGEST))
+  g.groups.append(("len", "length", [(0, 1)] + (
+      [(1, pos - 1)] if pos else []), 2, None, L.LONGEST))
   others = [[(0, 0)], [(0, 2)]]
 
   def set_len(c: Call, n: int, rng) -> Call:
@@ -400,7 +408,8 @@ def _rope_axes(call: Call) -> _Named:
     x, pos = c.args[0], c.args[1]
     y = resize([x], [1], n, rng)[0]
     return Call((y, _positions(pos, n, rng)) + tuple(c.args[2:]), c.kwargs)
-  length = L.Axis("len", "length", call.args[0].shape[1], set_len)
+  length = L.Axis("len", "length", call.args[0].shape[1], set_len,
+                  where=((0, 1),))
   g.custom = {"len": length}
   return g
 

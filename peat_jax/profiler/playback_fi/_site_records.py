@@ -148,10 +148,11 @@ def _device_screens(sites, refs: DeviceReferences) -> list[_Pending]:
 
 
 def _host_screens(i: int, site: _sites.Site, params: dict,
-                  tp: _sites.Tap) -> list[_Pending]:
+                  tp: _sites.Tap, one_off: bool = False) -> list[_Pending]:
   """Screens (dispatched, not fetched) of a site referenced on host
   copies: a forward site (one record: its first output), or a composite's
-  backward site (one record per cotangent)."""
+  backward site (one record per cotangent); ``one_off``: in the record's
+  size bucket (:func:`site_records`)."""
   ref = site_reference(site, params, tp.inputs)
   many = isinstance(tp.golden, tuple)
   if params.get("vjp"):
@@ -168,6 +169,10 @@ def _host_screens(i: int, site: _sites.Site, params: dict,
   for k, t, g, r in zip(keys, tests, golds, refs):
     if r is not None and np.shape(r) != np.shape(g):
       r = None
+    if one_off:  # its size bucket's executable, shared by its shapes
+      sig, scr = _analyzer.screen(t, g, r)
+      out.append(_Pending(i, k, t, g, r, None, None, sig, scr))
+      continue
     # At the record's own shape, as the device-referenced screens: the
     # same record either way (not `analyzer.screen`'s size bucket).
     hi, lo = _host_halves(r, g)
@@ -184,10 +189,17 @@ def _host_halves(ref, golden) -> tuple:
   return _split_reference(ref, np.shape(golden), batched=False)
 
 
-def _decompose(flagged: Sequence[_Pending]) -> list[_Pending]:
+def _decompose(flagged: Sequence[_Pending], one_off: bool = False
+               ) -> list[_Pending]:
   """The flagged records completed by their decomposition (each at its
   own shape, with its device halves or its host reference's; one
-  transfer for all)."""
+  transfer for all; ``one_off``: each in its size bucket, from its host
+  reference)."""
+  if one_off:
+    return [p._replace(sig=_analyzer.with_decomposition(
+        p.sig, jax.device_get(_analyzer.decomposition(p.test, p.gold,
+                                                      p.ref))))
+            for p in flagged]
   halves = [p.hilo if p.hilo is not None else _host_halves(p.ref, p.gold)
             for p in flagged]
   decs = _analyzer.decompose_split_many(
@@ -510,7 +522,7 @@ def _after_decomposition(sites, pl: _Plan, p: _Pending, tried,
 
 
 def _probes(sites, flagged: Sequence[_Pending], device_refs,
-            cache: ProbeCache | None, step: int
+            cache: ProbeCache | None, step: int, one_off: bool = False
             ) -> tuple[list[_Pending], list, list[str]]:
   """The port probe of each flagged record and the path that decided it.
 
@@ -534,7 +546,8 @@ def _probes(sites, flagged: Sequence[_Pending], device_refs,
   pre = _host_inputs(sites, plans, answers, device_refs)
   kept = _before_decomposition(sites, plans, answers, pre)
   heavy = [j for j in range(len(plans)) if j not in kept]
-  decomposed = dict(zip(heavy, _decompose([plans[j].p for j in heavy])))
+  decomposed = dict(zip(heavy, _decompose([plans[j].p for j in heavy],
+                                          one_off)))
   records, probes, paths = [], [], []
   for j, pl in enumerate(plans):
     if j in kept:  # explained by rounded inputs, on its screen
@@ -574,7 +587,8 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
                  kut_spec: str, step: int,
                  device_refs: DeviceReferences | None = None, *,
                  backward: str = "golden", laps=NO_LAPS,
-                 probe_cache: ProbeCache | None = None) -> list[dict]:
+                 probe_cache: ProbeCache | None = None,
+                 one_off: bool = False) -> list[dict]:
   """(step, site) records of many sites of one step: triage, then diagnose.
 
   Every record is screened (``peat.analyzer.screen_split_many``: the
@@ -605,6 +619,12 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
     laps: a ``profiler.playback._timing.Laps`` to time the phases (benchmarks).
     probe_cache: the campaign's :class:`ProbeCache` (None: every record
       that calls for the probe runs it whole).
+    one_off: the records' shapes come once (a fuzz's variants): each is
+      screened and decomposed in its size bucket (``peat.analyzer.screen``,
+      ``decomposition``: the executables every shape of the bucket
+      shares), not at its own shape (an executable per shape, which a
+      campaign's next checkpoint reuses). The same counts and diagnosis;
+      float sums to their order. Host references only.
 
   Returns:
     One msgpack-ready dict (``kind == "site"``) per site (or output), in
@@ -616,7 +636,7 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
   served = {p.i for p in pending}
   for i, (site, params, tp) in enumerate(sites):
     if i not in served:
-      pending += _host_screens(i, site, params, tp)
+      pending += _host_screens(i, site, params, tp, one_off)
   pending.sort(key=lambda p: (p.i, -1 if p.k is None else p.k))
   fetched = jax.device_get([(p.sig, p.screen) for p in pending])
   pending = [p._replace(sig=sig, screen=scr)
@@ -625,7 +645,7 @@ def site_records(sites: Sequence[tuple[_sites.Site, dict, _sites.Tap]],
   triaged = [_detector.triage(p.sig, p.screen) for p in pending]
   flagged, probes, paths = _probes(
       sites, [p for p, d in zip(pending, triaged) if d is None],
-      device_refs, probe_cache, step)
+      device_refs, probe_cache, step, one_off)
   laps.lap("decomposition and port probe of flagged records")
   _analyzer.probe_signatures(
       probes, [p.test for p in flagged],
@@ -698,7 +718,8 @@ def output_name(site: str, output: int) -> str:
 
 def site_record(site: _sites.Site, params: dict, tp: _sites.Tap,
                 kut_spec: str, step: int,
-                probe_cache: ProbeCache | None = None) -> dict:
+                probe_cache: ProbeCache | None = None,
+                one_off: bool = False) -> dict:
   """One (step, site) record: signature vs golden and float64, diagnosis.
 
   Args:
@@ -708,13 +729,14 @@ def site_record(site: _sites.Site, params: dict, tp: _sites.Tap,
     kut_spec: the KUT's spec, stored with the record.
     step: the step the tap comes from.
     probe_cache: as :func:`site_records`.
+    one_off: as :func:`site_records`.
 
   Returns:
     A msgpack-ready dict (``kind == "site"``); see :func:`site_records`
     for many sites of one step.
   """
   return site_records([(site, params, tp)], kut_spec, step,
-                      probe_cache=probe_cache)[0]
+                      probe_cache=probe_cache, one_off=one_off)[0]
 
 
 class _SharedReferences:

@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
 SETTINGS = dict(steps=2, checkpoint_every=2, frequencies=(), progress=None)
 SOFTMAX = "fwd/Gpt/Block/MultiHeadAttention/attention/softmax:0"
 ESCAPE = "py:escape_shapes:softmax_tail64"
-#: Length variants up to and with len=192 (the lattice's order: 1, 127,
-#: 128, 129, 192): the first with len % 128 == 64.
+#: Length variants up to and with len=192 (the lattice's order: 1, 129,
+#: 4097, 65537, 192): the first with len % 128 == 64.
 TO_LEN192 = 5
 
 
@@ -117,12 +117,13 @@ def test_correct_kut_passes_both_verdicts(task, tmp_path):
   assert len(fuzz) == 6
   assert {r["source"] for r in fuzz} == {"fuzz"}
   assert {r["kut"] for r in fuzz} == {"native:softmax:default"}
-  # Both softmax sites (no select), every family first: each site starts
-  # at its own family (batch, rows; rows, length; ...).
-  assert {r["site"] for r in fuzz} == {SOFTMAX, SOFTMAX[:-1] + "1"}
-  assert [r["variant"] for r in fuzz][:4] == ["batch=1", "rows1=1",
-                                               "rows1=1", "len=1"]
-  assert {r["family"] for r in fuzz} == {"batch", "rows", "length", "mask"}
+  # The two softmax sites (no select) make the same call: the second's
+  # variants come after every one of the first's, which covers every
+  # family first.
+  assert {r["site"] for r in fuzz} == {SOFTMAX}
+  assert [r["variant"] for r in fuzz][:3] == ["batch=1", "rows1=1", "len=1"]
+  assert {r["family"] for r in fuzz} == {"batch", "rows", "length", "joint",
+                                         "tail", "mask"}
   res = peat.read_campaign(tmp_path)
   assert res.verdict.verdict == "pass"
   assert res.fuzz_verdict.verdict == "pass"
@@ -161,7 +162,7 @@ def test_escape_fails_beyond_training_only(escape_campaign):
              if r["kind"] == "site"]
   small = "min:len=192:len=64,rows2=1,rows1=1,batch=1"
   assert [r["variant"] for r in records] == [
-      f"len={n}" for n in (1, 127, 128, 129, 192)] + [small]
+      f"len={n}" for n in (1, 129, 4097, 65537, 192)] + [small]
   assert {r["site"] for r in records} == {SOFTMAX}
   by = {r["variant"]: r["diagnosis"] for r in records}
   assert by["len=192"]["verdict"] == by[small]["verdict"] == "fail"
@@ -221,6 +222,6 @@ def test_tool_prints_the_fuzz_verdict_and_exits_on_it(escape_campaign):
   # the site's failure is shrunk already.
   records = [r for r in files.read_records(d / files.FUZZ_FILE)
              if r["kind"] == "site"]
-  assert [r["variant"] for r in records][-1] == "len=2"
+  assert [r["variant"] for r in records][-1] == "len=1025"
   rc, out, err = _run_tool(argv[:-3] + ["--fail_on=never"])
   assert rc == 0 and "fuzz verdict: fail" in out, err

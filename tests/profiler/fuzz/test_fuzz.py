@@ -10,6 +10,7 @@ passes with the fix, in a pytest subprocess. A KUT that refuses long rows
 is a finding; budgets, reruns and bad input behave as documented.
 """
 
+import math
 import os
 import subprocess
 import sys
@@ -274,3 +275,24 @@ def test_gemm_slips_at_fuzz_shapes_are_named_from_their_inputs(
   assert diag.get("named_by") == "inputs" or (
       port.get("explains") and port.get("model") == "indexing"), (diag, port)
   assert r.verdict.verdict == "fail"
+
+
+def test_a_correct_gemm_passes_one_output_joint_variants(gpt, tmp_path):
+  """A dot product of 134 terms (one output), a GEMV of 7 rows and a
+  GEMM of odd shapes: a correct native matmul passes each, its one-output
+  record read without a noise floor of one element, and the coverage
+  says what ran."""
+  task, d = gpt
+  names = ["len=134,rest=1", "m=7,rest=1", "n=127,batch=3,rest=1"]
+  r = peat.fuzz(d, "native:matmul:default", task=task,
+                select="*dot_general:0", variants=names,
+                campaign_dir=str(tmp_path / "c"), shrink=False)
+  sites = {x["site"] for x in r.records}
+  assert len(r.records) == len(names) * len(sites) and not r.errors
+  assert {x["variant"] for x in r.records} == set(names)
+  assert r.verdict.verdict == "pass", r.summary
+  for one in (x for x in r.records if x["variant"] == names[0]):
+    lhs, rhs = one["shapes"]  # every other axis one: one output
+    assert math.prod(lhs) == math.prod(rhs) == 134, one["shapes"]
+  assert r.coverage["tail"].ran == len(sites)
+  assert r.coverage["joint"].ran == 2 * len(sites)

@@ -77,8 +77,10 @@ def test_lattice_takes_every_tile_class_and_seeded_draws():
   drawn = set(got) - want
   assert len(drawn) <= L.RANDOM_DRAWS and all(4 <= n for n in drawn)
   assert L.lattice(64, rng=np.random.default_rng(3)) == got  # seeded
-  # Tile widths first: a budget of a dozen sees 1, 127..192, 2, 7..12, 3.
-  assert got[:11] == [1, 127, 128, 129, 192, 2, 7, 8, 9, 12, 3]
+  # The large bands first, then the tiles: a budget of a dozen sees 1,
+  # one past 128, 4096, 65536, 1024, 32768, 16384, and 192, 127, 128, 2.
+  assert got[:12] == [1, 129, 4097, 65537, 192, 1025, 32769, 16385, 127,
+                      128, 2, 7]
   assert L.lattice(5, longest=16) == [1, 2, 7, 8, 9, 12, 3, 15, 16]
 
 
@@ -179,13 +181,14 @@ def test_attention_variants_keep_the_mask_structure():
 def test_interleave_covers_every_family_first():
   plans = V.primitive_plans("dot_general", _dot_base(), _golden_dot)
   out = V.interleave(plans)
-  assert [p.family for p in out[:5]] == ["batch", "rows", "length",
-                                         "features", "magnitude"]
+  assert [p.family for p in out[:7]] == ["batch", "rows", "length",
+                                         "joint", "tail", "features",
+                                         "magnitude"]
   # Started at another family, the same plans, that family first.
   later = V.interleave(plans, start=2)
-  assert [p.family for p in later[:6]] == ["length", "features",
-                                           "magnitude", "denormal", "batch",
-                                           "rows"]
+  assert [p.family for p in later[:8]] == ["length", "joint", "tail",
+                                           "features", "magnitude",
+                                           "denormal", "batch", "rows"]
   assert sorted(p.name for p in later) == sorted(p.name for p in plans)
   # Within a family every axis comes before an axis' second length.
   rows = [p.name for p in out if p.family == "rows"]
