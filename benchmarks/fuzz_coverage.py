@@ -24,7 +24,7 @@ with ``budget_seconds`` as ``--fuzz_budget=120s`` does. From the plan
   128 possible).
 
 The counts are ``peat.fuzz``'s own
-(``FuzzResult.coverage``, module ``peat_jax.profiler.fuzz._coverage``),
+(``FuzzResult.coverage``, ``peat_jax.profiler.fuzz.coverage``),
 computed here from the plan and the records alone: they read only what
 every fuzz writes (variant names, families, shapes), so the same script
 with that module beside it measures a commit before a change. Nothing else
@@ -41,7 +41,8 @@ from absl import flags
 
 import peat_jax as peat
 from peat_jax import models
-from peat_jax.profiler.fuzz import _coverage
+from peat_jax.profiler.fuzz import coverage as fuzz_coverage
+from peat_jax.profiler.fuzz import shape_key
 from peat_jax.profiler.fuzz import targets as fuzz_targets
 
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/peat_fuzz_coverage",
@@ -58,13 +59,13 @@ _TAG = flags.DEFINE_string("tag", "after", "Names the output files.")
 
 def coverage(tgts, ran: list[dict]) -> dict:
   """Per family: variants, residue classes, bands and element residues
-  (``peat_jax.profiler.fuzz._coverage``: the same counts a
+  (``peat_jax.profiler.fuzz.coverage``: the same counts a
   ``FuzzResult.coverage`` holds), as JSON."""
   return {name: {"planned": c.planned, "run": c.ran,
                  "residues": list(c.residues), "bands": list(c.bands),
                  "large": list(c.large),
                  "element_residues": dict(c.element_residues)}
-          for name, c in _coverage.coverage(tgts, ran).items()}
+          for name, c in fuzz_coverage(tgts, ran).items()}
 
 
 def _task_dir(scenario: str, kernels: list[str]) -> str:
@@ -100,7 +101,7 @@ def main(argv):
     tgts = fuzz_targets(gdirs[scenario], spec, task=task)
     cov = coverage(tgts, list(r.records) + list(r.errors))
     rows.append({"scenario": scenario, "kut": kut, "sites": len(tgts),
-                 "site_shapes": len({_coverage.shape_key(t) for t in tgts}),
+                 "site_shapes": len({shape_key(t) for t in tgts}),
                  "planned": r.planned, "ran": r.ran,
                  "verdict": r.verdict.verdict if r.verdict else None,
                  "seconds": round(wall, 1), "families": cov})

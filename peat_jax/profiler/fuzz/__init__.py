@@ -13,7 +13,9 @@ reference and a pytest file, with no training run).
 """
 
 from peat_jax.profiler.fuzz._coverage import FamilyCoverage as FamilyCoverage
+from peat_jax.profiler.fuzz._coverage import coverage as coverage
 from peat_jax.profiler.fuzz._coverage import coverage_line as coverage_line
+from peat_jax.profiler.fuzz._coverage import shape_key as shape_key
 from peat_jax.profiler.fuzz._fuzz import FuzzResult as FuzzResult
 from peat_jax.profiler.fuzz._fuzz import fuzz as fuzz
 from peat_jax.profiler.fuzz._fuzz import targets as targets
